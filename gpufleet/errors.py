@@ -1,0 +1,57 @@
+"""The one error hierarchy: every failure a user can cause or meet is a GpufleetError."""
+
+from __future__ import annotations
+
+
+class GpufleetError(Exception):
+    """Base of every error gpufleet reports to a user (printed without a stack trace)."""
+
+
+class ConfigError(GpufleetError):
+    """A configuration file (inventory, stack) is invalid; the message names file, host, field and value."""
+
+    def __init__(self, path: str, problem: str, *, host: str | None = None, field: str | None = None,
+                 value: object = None, has_value: bool = False):
+        self.path, self.problem, self.host, self.field = path, problem, host, field
+        self.value = value
+        where = [str(path)]
+        if host:
+            where.append(f"host {host!r}")
+        if field:
+            where.append(f"field {field!r}")
+        text = ": ".join([", ".join(where), problem])
+        if has_value:
+            text += f" (got {value!r})"
+        super().__init__(text)
+
+
+class FactError(GpufleetError):
+    """A fact could not be read or parsed on a host."""
+
+    def __init__(self, what: str, host: str | None, detail: str = ""):
+        self.what, self.host, self.detail = what, host, detail
+        msg = f"could not read {what} on host {host or '?'}"
+        if detail:
+            msg += f": {detail}"
+        super().__init__(msg)
+
+
+class HostKeyError(GpufleetError):
+    """A host's SSH key is unknown or has changed; the connection was refused."""
+
+
+class UnreachableError(GpufleetError):
+    """A host could not be reached or authenticated over SSH."""
+
+
+class RemoteCommandError(GpufleetError):
+    """A remote command failed; names host, step, command (masked), exit code and output tail."""
+
+    def __init__(self, host: str, step: str, command: str, exit_code: int | None, output_tail: str):
+        self.host, self.step, self.command = host, step, command
+        self.exit_code, self.output_tail = exit_code, output_tail
+        code = "no exit code (connection lost)" if exit_code is None else f"exit code {exit_code}"
+        msg = f"host {host}: step {step!r} failed: `{command}` returned {code}"
+        if output_tail.strip():
+            msg += "\n--- last lines of output ---\n" + output_tail.rstrip()
+        super().__init__(msg)
