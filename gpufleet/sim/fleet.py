@@ -1,0 +1,474 @@
+"""Boot and tear down simulated Blackwell GPU servers: systemd-nspawn containers with real systemd and sshd."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gpufleet.errors import GpufleetError
+from gpufleet.sim import system
+from gpufleet.sim.system import sh
+
+RUN_DIR = Path(os.environ.get("GPUFLEET_SIM_RUN", "/run/gpufleet-sim"))
+HOME_DIR = Path(os.environ.get("GPUFLEET_SIM_HOME", "/var/lib/gpufleet-sim"))
+PREFIX = "gfsim"
+BRIDGE = "gfsim0"
+SUBNET = "10.213.0"
+CONTROL_ADDR = f"{SUBNET}.1"
+INDEX_PORT = 8765
+GIT_PORT = 9418
+VENV = "/root/venv"
+CHECKOUT = "/root/sglang-main"
+MODEL_PATH = "/models/Qwen3.5-397B-A17B-NVFP4"
+NSPAWN_MARKER = "systemd-nspawn"
+
+BLACKWELL = {
+    "count": 8,
+    "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+    "compute_cap": "12.0",
+    "driver": "580.95.05",
+    "cuda": "13.0",
+    "memory_mib": 97887,
+    "fail": None,
+}
+
+# Units of the inherited root that a GPU box would not run; they would also fight over the shared lower layer.
+MASKED_UNITS = (
+    "postgresql.service", "e2scrub_reap.service", "apt-daily-upgrade.timer", "apt-daily.timer",
+    "dpkg-db-backup.timer", "e2scrub_all.timer", "fstrim.timer", "man-db.timer", "systemd-timesyncd.service",
+    "systemd-pstore.service", "getty@tty1.service", "console-getty.service", "redis-server.service",
+    "nginx.service", "memcached.service", "docker.service", "containerd.service", "cron.service",
+)
+
+
+class SimError(GpufleetError):
+    """The simulated fleet could not be built, booted or torn down."""
+
+
+@dataclass
+class SimHost:
+    """One simulated GPU server as the harness knows it."""
+
+    name: str
+    address: str
+    pid: int = 0
+
+    @property
+    def netns(self) -> str:
+        return f"{PREFIX}-{self.name}"
+
+    @property
+    def cgroup(self) -> str:
+        return f"{PREFIX}-{self.name}"
+
+    @property
+    def veth(self) -> str:
+        return f"gfv-{self.name}"[:15]
+
+
+@dataclass
+class SimState:
+    """What sim.up started, saved so sim.down (or a later run) can stop exactly that."""
+
+    hosts: list[SimHost] = field(default_factory=list)
+    index_pid: int = 0
+    git_pid: int = 0
+    inventory: str = ""
+
+    @classmethod
+    def load(cls, path: Path) -> "SimState":
+        if not path.exists():
+            return cls()
+        data = json.loads(path.read_text())
+        return cls(hosts=[SimHost(**h) for h in data.get("hosts", [])], index_pid=data.get("index_pid", 0),
+                   git_pid=data.get("git_pid", 0), inventory=data.get("inventory", ""))
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+
+class SimFleet:
+    """The simulated fleet on this machine: artifacts in home_dir, mounts and live state in run_dir."""
+
+    def __init__(self, run_dir: Path = RUN_DIR, home_dir: Path = HOME_DIR):
+        self.run_dir, self.home_dir = Path(run_dir), Path(home_dir)
+        self.state_path = self.run_dir / "state.json"
+        self.known_hosts = self.run_dir / "known_hosts"
+        self.client_key = self.home_dir / "id_ed25519"
+        self.logs = self.run_dir / "logs"
+
+    # ---- paths and addresses -------------------------------------------------------------------------------------
+    @property
+    def index_url(self) -> str:
+        return f"http://{CONTROL_ADDR}:{INDEX_PORT}/simple"
+
+    @property
+    def upstream_url(self) -> str:
+        return f"git://{CONTROL_ADDR}:{GIT_PORT}/sglang.git"
+
+    @property
+    def upstream_bare(self) -> Path:
+        return self.run_dir / "git" / "sglang.git"
+
+    @property
+    def wheels_dir(self) -> Path:
+        return self.home_dir / "wheels"
+
+    @property
+    def index_root(self) -> Path:
+        return self.run_dir / "index"
+
+    def host_dir(self, name: str) -> Path:
+        return self.run_dir / "hosts" / name
+
+    def host_root(self, name: str) -> Path:
+        """The host's root filesystem as seen from the control node (writes show inside the container)."""
+        return self.host_dir(name) / "root"
+
+    @staticmethod
+    def address(i: int) -> str:
+        return f"{SUBNET}.{10 + i}"
+
+    def state(self) -> SimState:
+        return SimState.load(self.state_path)
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------------
+    def up(self, count: int = 3, inventory: Path | None = None, on_progress=print) -> SimState:
+        """Clear leftovers, build artifacts, start the index and git daemon, boot count hosts, write the inventory."""
+        if count < 1 or count > 40:
+            raise SimError(f"--count must be between 1 and 40 (got {count})")
+        self.require_tools()
+        self.clear_leftovers()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        state = SimState()
+        on_progress("building stand-in wheels, package index and upstream sglang repo")
+        self._build_artifacts()
+        self._bridge_up()
+        state.index_pid, state.git_pid = self._start_servers()
+        state.save(self.state_path)
+        on_progress("building the host template (venv with the old stack, sglang checkout)")
+        self._build_template()
+        for i in range(1, count + 1):
+            host = SimHost(f"gpu{i}", self.address(i))
+            on_progress(f"booting {host.name} at {host.address}")
+            self._boot(host)
+            state.hosts.append(host)
+            state.save(self.state_path)
+        self._wait_ssh(state.hosts)
+        self._write_known_hosts(state.hosts)
+        if inventory is not None:
+            self.write_inventory(Path(inventory), state.hosts)
+            state.inventory = str(Path(inventory).resolve())
+        state.save(self.state_path)
+        return state
+
+    def down(self) -> None:
+        """Stop every host and server sim.up started and remove every mount, link, namespace and cgroup."""
+        self.clear_leftovers()
+        inventory = self.state().inventory
+        if inventory and Path(inventory).exists():
+            Path(inventory).unlink()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def clear_leftovers(self) -> None:
+        """Remove what a killed or earlier run left behind; safe to call when nothing is there."""
+        state = self.state()
+        for host in state.hosts:
+            system.stop_pid(host.pid, NSPAWN_MARKER)
+        for pid, marker in ((state.index_pid, "http.server"), (state.git_pid, "git-daemon")):
+            if pid:
+                system.stop_pid(pid, marker, timeout=5)
+        for hierarchy in system.CGROUP_HIERARCHIES:
+            if hierarchy.is_dir():
+                for d in hierarchy.glob(f"{PREFIX}-*"):
+                    system.remove_cgroup(d.name)
+        system.unmount_all(self.run_dir)
+        for ns in system.netns_list(f"{PREFIX}-"):
+            sh("ip", "netns", "del", ns, check=False)
+        for link in system.links("gfv-") + system.links(BRIDGE):
+            sh("ip", "link", "del", link, check=False)
+        if self.run_dir.exists():
+            for child in self.run_dir.iterdir():
+                if child.name != "state.json":
+                    shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()
+            self.state_path.unlink(missing_ok=True)
+
+    def status(self) -> list[dict]:
+        """One dict per host: name, address, whether its container runs and its sshd answers."""
+        rows = []
+        for host in self.state().hosts:
+            running = system.pid_alive(host.pid, NSPAWN_MARKER)
+            rows.append({"name": host.name, "address": host.address, "container": running,
+                         "ssh": running and _port_open(host.address, 22, 1.0)})
+        return rows
+
+    # ---- per-host controls used by tests and fault injection -------------------------------------------------------
+    def host(self, name: str) -> SimHost:
+        for h in self.state().hosts:
+            if h.name == name:
+                return h
+        raise SimError(f"no simulated host named {name!r}")
+
+    def set_link(self, name: str, up: bool) -> None:
+        """Cut or restore the host's network link (its side of the veth pair)."""
+        sh("ip", "-n", self.host(name).netns, "link", "set", "eth0", "up" if up else "down")
+
+    def set_gpus(self, name: str, **overrides) -> None:
+        """Change what the host's nvidia-smi reports (count, compute_cap, fail, ...)."""
+        path = self.host_root(name) / "etc/gpufleet-sim/gpus.json"
+        data = json.loads(path.read_text())
+        data.update(overrides)
+        path.write_text(json.dumps(data))
+
+    def ssh_argv(self, name: str) -> list[str]:
+        """An OpenSSH command line to the host with the fleet's key and known_hosts (for tests and debugging)."""
+        return ["ssh", "-i", str(self.client_key), "-o", f"UserKnownHostsFile={self.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+                f"root@{self.host(name).address}"]
+
+    def run_on(self, name: str, command: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Run a shell command on a simulated host over plain OpenSSH (test helper, not the tool's engine)."""
+        proc = subprocess.run(self.ssh_argv(name) + [command], capture_output=True, text=True, timeout=300)
+        if check and proc.returncode != 0:
+            raise SimError(f"{name}: `{command}` exited {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}")
+        return proc
+
+    def reset_host(self, name: str) -> None:
+        """Put a host back to its freshly booted state (a new, empty upper layer)."""
+        state = self.state()
+        host = next(h for h in state.hosts if h.name == name)
+        self._shutdown(host)
+        self._boot(host)
+        state.save(self.state_path)
+        self._wait_ssh([host])
+        self._write_known_hosts(state.hosts)
+
+    # ---- building --------------------------------------------------------------------------------------------------
+    @staticmethod
+    def require_tools() -> None:
+        if os.geteuid() != 0:
+            raise SimError("the simulated fleet needs root (network namespaces, mounts, containers)")
+        missing = [t for t in ("systemd-nspawn", "ip", "sshd", "ssh-keygen", "git") if not _which(t)]
+        if missing:
+            raise SimError("missing tools: " + ", ".join(missing)
+                           + " (apt-get install openssh-server systemd-container iproute2 git)")
+
+    def _build_artifacts(self) -> None:
+        from gpufleet.sim import index, upstream, wheels
+
+        self.home_dir.mkdir(parents=True, exist_ok=True)
+        if not self.client_key.exists():
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpufleet-sim", "-f", str(self.client_key))
+        stamp = self.wheels_dir / ".source-hash"
+        digest = _source_hash()
+        if not stamp.exists() or stamp.read_text() != digest:
+            shutil.rmtree(self.wheels_dir, ignore_errors=True)
+            self.wheels_dir.mkdir(parents=True)
+            wheels.build_stack_wheels(self.wheels_dir)
+            _fetch_build_tools(self.wheels_dir)
+            stamp.write_text(digest)
+        index.build_index(sorted(self.wheels_dir.glob("*.whl")), self.index_root)
+        self.upstream_bare.parent.mkdir(parents=True, exist_ok=True)
+        upstream.build_upstream(self.upstream_bare)
+
+    def _bridge_up(self) -> None:
+        sh("ip", "link", "add", BRIDGE, "type", "bridge")
+        sh("ip", "addr", "add", f"{CONTROL_ADDR}/24", "dev", BRIDGE)
+        sh("ip", "link", "set", BRIDGE, "up")
+
+    def _start_servers(self) -> tuple[int, int]:
+        from gpufleet.sim import index
+
+        index_pid = system.spawn_detached(index.serve_index_command(self.index_root, CONTROL_ADDR, INDEX_PORT),
+                                          self.logs / "index.log")
+        git_pid = system.spawn_detached(
+            ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={self.upstream_bare.parent}",
+             f"--listen={CONTROL_ADDR}", f"--port={GIT_PORT}", str(self.upstream_bare.parent)],
+            self.logs / "git-daemon.log")
+        for port in (INDEX_PORT, GIT_PORT):
+            _wait_port(CONTROL_ADDR, port, 15, f"control-node server on port {port}")
+        return index_pid, git_pid
+
+    def _build_template(self) -> None:
+        """A shared lower layer: what every simulated host has before gpufleet touches it."""
+        from gpufleet.sim import upstream
+
+        tdir = self.run_dir / "template"
+        tdir.mkdir(parents=True)
+        # A tmpfs of its own: overlayfs refuses a lower layer nested inside another lower layer (here "/").
+        sh("mount", "-t", "tmpfs", "-o", "mode=755", "gfsim-template", str(tdir))
+        for sub in ("upper", "work", "root"):
+            (tdir / sub).mkdir()
+        root = tdir / "root"
+        sh("mount", "-t", "overlay", "overlay", "-o",
+           f"lowerdir=/,upperdir={tdir / 'upper'},workdir={tdir / 'work'}", str(root))
+        try:
+            self._populate_template(root)
+            upstream.clone_with_local_edits(self.upstream_bare, root / CHECKOUT.lstrip("/"))
+            sh("git", "-C", str(root / CHECKOUT.lstrip("/")), "remote", "set-url", "origin", self.upstream_url)
+            self._chroot(root, _TEMPLATE_SCRIPT.format(venv=VENV, wheels=self.wheels_dir, checkout=CHECKOUT))
+        finally:
+            system.unmount_all(root)
+        shutil.rmtree(tdir / "work", ignore_errors=True)
+
+    def _populate_template(self, root: Path) -> None:
+        from gpufleet.sim import nvidia_smi
+
+        systemd_dir = root / "etc/systemd/system"
+        for unit in MASKED_UNITS:
+            link = systemd_dir / unit
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to("/dev/null")
+        # The inherited root's .bashrc runs pyenv init on every remote command; a GPU box has a plain one.
+        (root / "root/.bashrc").write_text("# ~/.bashrc of a simulated GPU server\n")
+        (root / "root/.profile").write_text('[ -f ~/.bashrc ] && . ~/.bashrc\n')
+        for key in (root / "etc/ssh").glob("ssh_host_*"):
+            key.unlink()
+        smi = root / "usr/bin/nvidia-smi"
+        shutil.copy(nvidia_smi.__file__, smi)
+        smi.chmod(0o755)
+        (root / "etc/gpufleet-sim").mkdir(parents=True, exist_ok=True)
+        (root / "etc/gpufleet-sim/gpus.json").write_text(json.dumps(BLACKWELL))
+
+    @staticmethod
+    def _chroot(root: Path, script: str) -> None:
+        for sub in ("proc", "dev", "sys"):
+            sh("mount", "--rbind" if sub != "proc" else "--bind", f"/{sub}", str(root / sub))
+            if sub != "proc":
+                sh("mount", "--make-rslave", str(root / sub))
+        try:
+            proc = subprocess.run(["chroot", str(root), "/bin/bash", "-euc", script], capture_output=True, text=True,
+                                  env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                       "HOME": "/root", "LANG": "C.UTF-8"})
+            if proc.returncode != 0:
+                raise SimError(f"building the host template failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        finally:
+            for sub in ("sys", "dev", "proc"):
+                system.unmount_all(root / sub)
+
+    def _boot(self, host: SimHost) -> None:
+        hdir = self.host_dir(host.name)
+        hdir.mkdir(parents=True, exist_ok=True)
+        system.unmount_all(hdir)
+        sh("mount", "-t", "tmpfs", "-o", "mode=755", f"gfsim-{host.name}", str(hdir))
+        for sub in ("upper", "work", "root"):
+            (hdir / sub).mkdir()
+        root = hdir / "root"
+        sh("mount", "-t", "overlay", "overlay", "-o",
+           f"lowerdir={self.run_dir / 'template/upper'}:/,upperdir={hdir / 'upper'},workdir={hdir / 'work'}",
+           str(root))
+        self._personalise(host, root)
+        if host.netns not in system.netns_list(host.netns):
+            sh("ip", "netns", "add", host.netns)
+            sh("ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+            sh("ip", "link", "set", host.veth, "master", BRIDGE, "up")
+            sh("ip", "-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
+            sh("ip", "-n", host.netns, "link", "set", "eth0", "up")
+            sh("ip", "-n", host.netns, "link", "set", "lo", "up")
+            sh("ip", "-n", host.netns, "route", "add", "default", "via", CONTROL_ADDR)
+        host.pid = system.spawn_detached(
+            ["systemd-nspawn", "-q", "-D", str(root), "-b", "--register=no", "--keep-unit",
+             f"--hostname={host.name}", f"--network-namespace-path=/run/netns/{host.netns}"],
+            self.logs / f"{host.name}.console.log", cgroup=host.cgroup)
+
+    def _personalise(self, host: SimHost, root: Path) -> None:
+        (root / "etc/hostname").write_text(host.name + "\n")
+        key = root / "etc/ssh/ssh_host_ed25519_key"
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}", "-f", str(key))
+        ssh_dir = root / "root/.ssh"
+        ssh_dir.mkdir(mode=0o700, exist_ok=True)
+        auth = ssh_dir / "authorized_keys"
+        auth.write_text(Path(str(self.client_key) + ".pub").read_text())
+        auth.chmod(0o600)
+        gpus = dict(BLACKWELL, uuid_seed=host.name)
+        (root / "etc/gpufleet-sim/gpus.json").write_text(json.dumps(gpus))
+
+    def _shutdown(self, host: SimHost) -> None:
+        system.stop_pid(host.pid, NSPAWN_MARKER)
+        system.remove_cgroup(host.cgroup)
+        system.unmount_all(self.host_dir(host.name))
+
+    def _wait_ssh(self, hosts: list[SimHost], timeout: float = 90.0) -> None:
+        for host in hosts:
+            try:
+                _wait_port(host.address, 22, timeout, f"sshd on {host.name}")
+            except SimError as exc:
+                log = self.logs / f"{host.name}.console.log"
+                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                raise SimError(f"{exc}\n--- console of {host.name} ---\n{tail}") from None
+
+    def _write_known_hosts(self, hosts: list[SimHost]) -> None:
+        lines = []
+        for host in hosts:
+            pub = (self.host_root(host.name) / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
+            lines.append(f"{host.address} {pub[0]} {pub[1]}")
+        self.known_hosts.write_text("\n".join(lines) + "\n")
+
+    def write_inventory(self, path: Path, hosts: list[SimHost]) -> None:
+        """The inventory of the simulated fleet: real SSH settings, package sources on the control node."""
+        from gpufleet.sim.inventory_file import render_inventory
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_inventory(self, hosts))
+
+
+_TEMPLATE_SCRIPT = """
+/usr/bin/python3 -m venv {venv}
+{venv}/bin/pip install -q --no-index --find-links {wheels} --disable-pip-version-check \
+    'torch==2.9.1+cu130' 'flashinfer-python==0.6.4' 'flashinfer-cubin==0.6.4' \
+    'flashinfer-jit-cache==0.6.4+cu130' 'sgl-kernel==0.3.16' wheel
+{venv}/bin/pip install -q --no-index --find-links {wheels} --disable-pip-version-check \
+    --no-build-isolation --no-deps -e {checkout}/python
+"""
+
+
+def _which(tool: str) -> bool:
+    return shutil.which(tool) is not None or Path("/usr/sbin", tool).exists()
+
+
+def _port_open(addr: str, port: int, timeout: float) -> bool:
+    try:
+        with socket.create_connection((addr, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            return port != 22 or s.recv(4).startswith(b"SSH")
+    except OSError:
+        return False
+
+
+def _wait_port(addr: str, port: int, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _port_open(addr, port, 1.0):
+            return
+        time.sleep(0.3)
+    raise SimError(f"{what} did not answer on {addr}:{port} within {timeout:.0f}s")
+
+
+def _source_hash() -> str:
+    """A hash of the harness sources that decide the wheels' content (rebuild them when it changes)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    here = Path(__file__).parent
+    for p in sorted(here.rglob("*")):
+        if p.is_file() and p.suffix in (".py", ".txt", ".toml", ".cfg", ".in") and "__pycache__" not in p.parts:
+            h.update(p.relative_to(here).as_posix().encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _fetch_build_tools(dest: Path) -> None:
+    """Real wheels of the build tools a host needs offline (editable installs, the sgl-kernel build)."""
+    cmd = [os.sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--dest", str(dest),
+           "wheel", "setuptools"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SimError(f"could not fetch build-tool wheels for the simulated index: {proc.stderr.strip()[-800:]}")

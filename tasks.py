@@ -1,0 +1,65 @@
+"""gpufleet's command line: thin Invoke tasks over gpufleet.cli (run `inv --list`)."""
+
+from invoke import Collection, Exit, task
+
+from gpufleet import cli
+
+_COMMON = {
+    "inventory": "inventory TOML (default: $GPUFLEET_INVENTORY, else hosts/sim.toml written by `inv sim.up`)",
+    "stack": "target stack TOML (default: $GPUFLEET_STACK, else stack.toml)",
+    "host": "one host by name",
+    "hosts": "hosts by name, group or `all`, comma-separated",
+    "json": "print machine-readable JSON instead of tables",
+    "accept-new-host-keys": "trust and record keys of hosts never seen before (never a changed key)",
+}
+
+
+def _exit(code: int) -> None:
+    if code:
+        raise Exit(code=code)
+
+
+@task(help=_COMMON)
+@cli.user_errors
+def facts(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False):
+    """Show what a host is: GPUs, OS, CPU/RAM/disk, stack versions in its venv, sglang checkout, service."""
+    _exit(cli.facts(inventory, stack, host, hosts, json, accept_new_host_keys))
+
+
+@task(help=_COMMON)
+@cli.user_errors
+def status(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False):
+    """Compare each host with stack.toml: one row per host, drift highlighted; exit 1 on drift or unreachable."""
+    _exit(cli.status(inventory, stack, host, hosts, json, accept_new_host_keys))
+
+
+@task(name="up", help={"count": "how many simulated GPU servers to boot (default 3)",
+                        "inventory": "where to write their inventory (default hosts/sim.toml)"})
+@cli.user_errors
+def sim_up(c, count=3, inventory=None):
+    """Boot N simulated Blackwell servers (systemd-nspawn, real sshd) and write their inventory."""
+    from gpufleet.sim import cli as sim_cli
+
+    sim_cli.up(count, inventory)
+
+
+@task(name="down")
+@cli.user_errors
+def sim_down(c):
+    """Stop the simulated fleet and remove every process, mount, link, namespace and cgroup it made."""
+    from gpufleet.sim import cli as sim_cli
+
+    sim_cli.down()
+
+
+@task(name="status", help={"json": "print JSON"})
+@cli.user_errors
+def sim_status(c, json=False):
+    """Show the simulated hosts: address, container running, sshd answering."""
+    from gpufleet.sim import cli as sim_cli
+
+    _exit(sim_cli.status(json))
+
+
+ns = Collection(facts, status)
+ns.add_collection(Collection("sim", sim_up, sim_down, sim_status))

@@ -1,0 +1,47 @@
+"""Shared fixtures: the simulated fleet (booted once per test session) and inventory helpers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def _sim_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "the simulated fleet needs root"
+    for tool in ("systemd-nspawn", "sshd", "ip"):
+        if not (shutil.which(tool) or Path("/usr/sbin", tool).exists()):
+            return f"{tool} is not installed (run scripts/bootstrap)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def sim_fleet(tmp_path_factory):
+    """Three simulated Blackwell servers with the old stack, booted once for the whole session."""
+    reason = _sim_unavailable()
+    if reason:
+        if os.environ.get("GPUFLEET_REQUIRE_SIM"):
+            pytest.fail(f"GPUFLEET_REQUIRE_SIM is set but {reason}")
+        pytest.skip(reason)
+    from gpufleet.sim.fleet import SimFleet
+
+    fleet = SimFleet()
+    inventory = tmp_path_factory.mktemp("sim") / "hosts.toml"
+    fleet.up(count=3, inventory=inventory, on_progress=lambda msg: None)
+    fleet.inventory_path = inventory
+    try:
+        yield fleet
+    finally:
+        fleet.down()
+
+
+@pytest.fixture(autouse=True)
+def _no_user_ssh_config(monkeypatch):
+    """Keep the developer's own ~/.ssh/config and agent out of every test."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)

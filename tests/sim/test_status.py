@@ -1,0 +1,143 @@
+"""End to end: `inv facts` and `inv status` over real SSH against the simulated Blackwell fleet."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.sim.helpers import inv, inv_json, write_inventory
+
+pytestmark = pytest.mark.sim
+
+
+def test_status_shows_drift_from_old_stack_on_three_hosts(sim_fleet):
+    proc, rows = inv_json("status", "--inventory", str(sim_fleet.inventory_path))
+    assert proc.returncode == 1, proc.stderr
+    assert [r["host"] for r in rows] == ["gpu1", "gpu2", "gpu3"]
+    for row in rows:
+        assert row["reachable"] and row["drift"]
+        cells = row["cells"]
+        assert cells["gpus"] == {"current": "8x cc 12.0", "expected": "8x cc 12.0", "drift": False,
+                                 "note": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}
+        assert cells["torch"]["current"] == "2.9.1+cu130"
+        assert cells["torch"]["expected"] == "2.12.0.dev20260307+cu130"
+        assert cells["torch"]["drift"]
+        for name in ("flashinfer-python", "flashinfer-cubin"):
+            assert (cells[name]["current"], cells[name]["expected"], cells[name]["drift"]) == ("0.6.4", "0.6.5", True)
+        assert cells["flashinfer-jit-cache"]["current"] == "0.6.4+cu130"
+        assert cells["sgl-kernel"]["current"] == "0.3.16"
+        assert cells["sglang"]["current"].startswith("main@")
+        assert "2 local edit(s)" in cells["sglang"]["note"]
+        assert cells["service"]["current"] == "absent"
+
+
+def test_status_table_for_people(sim_fleet):
+    proc = inv("status", "--inventory", str(sim_fleet.inventory_path), "--hosts", "gpu1")
+    assert proc.returncode == 1
+    assert "gpu1" in proc.stdout and "2.9.1+cu130" in proc.stdout and "2.12.0.dev20260307+cu130" in proc.stdout
+    assert "drift on gpu1" in proc.stdout
+
+
+def test_facts_of_one_host(sim_fleet):
+    proc, facts = inv_json("facts", "--host", "gpu2", "--inventory", str(sim_fleet.inventory_path))
+    assert proc.returncode == 0, proc.stderr
+    assert facts["host"] == "gpu2"
+    gpus = facts["gpus"]["gpus"]
+    assert len(gpus) == 8
+    assert {g["compute_capability"] for g in gpus} == {"12.0"}
+    assert gpus[0]["name"] == "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    assert facts["gpus"]["driver_version"].startswith("580.")
+    assert facts["gpus"]["cuda_version"] == "13.0"
+    assert facts["packages"]["torch"] == "2.9.1+cu130"
+    assert facts["checkout"]["branch"] == "main"
+    assert len(facts["checkout"]["modified"]) == 2
+    assert facts["unit"]["systemd"] is True and facts["unit"]["present"] is False
+    assert facts["cpu_count"] >= 1 and facts["mem_total_bytes"] > 0
+    assert facts["problems"] == []
+
+
+def test_unreachable_host_does_not_stop_the_others(sim_fleet, tmp_path):
+    path = write_inventory(sim_fleet, tmp_path / "hosts.toml", ["gpu1", "gpu3"], connect_timeout=2)
+    sim_fleet.set_link("gpu3", up=False)
+    try:
+        proc, rows = inv_json("status", "--inventory", str(path))
+    finally:
+        sim_fleet.set_link("gpu3", up=True)
+    assert proc.returncode == 1
+    by_host = {r["host"]: r for r in rows}
+    assert by_host["gpu1"]["reachable"] is True
+    assert by_host["gpu3"]["reachable"] is False
+    assert sim_fleet.host("gpu3").address in by_host["gpu3"]["error"]
+
+
+def test_refused_port_is_unreachable(sim_fleet, tmp_path):
+    extra = f'[hosts.closed]\naddress = "{sim_fleet.host("gpu1").address}"\nport = 2222\n'
+    path = write_inventory(sim_fleet, tmp_path / "hosts.toml", ["gpu1"], extra=extra, connect_timeout=2)
+    proc, rows = inv_json("status", "--inventory", str(path))
+    by_host = {r["host"]: r for r in rows}
+    assert by_host["gpu1"]["reachable"] and not by_host["closed"]["reachable"]
+    assert "cannot connect" in by_host["closed"]["error"]
+
+
+def test_unknown_host_key_is_refused_then_accept_new_records_it(sim_fleet, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    path = write_inventory(sim_fleet, tmp_path / "hosts.toml", ["gpu1"], known_hosts=str(known))
+    proc, rows = inv_json("status", "--inventory", str(path))
+    assert rows[0]["reachable"] is False
+    assert "not in" in rows[0]["error"] and "refusing" in rows[0]["error"]
+    assert known.read_text() == ""
+
+    proc, rows = inv_json("status", "--inventory", str(path), "--accept-new-host-keys")
+    assert rows[0]["reachable"] is True
+    recorded = known.read_text().split()
+    real = (sim_fleet.host_root("gpu1") / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
+    assert recorded[1:3] == real[0:2]
+
+
+def test_changed_host_key_is_refused_even_with_accept_new(sim_fleet, tmp_path):
+    other = (sim_fleet.host_root("gpu2") / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{sim_fleet.host('gpu1').address} {other[0]} {other[1]}\n")
+    path = write_inventory(sim_fleet, tmp_path / "hosts.toml", ["gpu1"], known_hosts=str(known))
+    proc, rows = inv_json("status", "--inventory", str(path), "--accept-new-host-keys")
+    assert rows[0]["reachable"] is False
+    assert "CHANGED" in rows[0]["error"]
+
+
+def test_host_with_seven_gpus_is_flagged(sim_fleet):
+    sim_fleet.set_gpus("gpu3", count=7)
+    try:
+        proc, rows = inv_json("status", "--inventory", str(sim_fleet.inventory_path), "--host", "gpu3")
+    finally:
+        sim_fleet.set_gpus("gpu3", count=8)
+    row = rows[0]
+    assert row["cells"]["gpus"]["current"] == "7x cc 12.0"
+    assert row["cells"]["gpus"]["drift"] is True
+    assert any("7" in p and "8" in p for p in row["problems"]), row["problems"]
+
+
+def test_driver_failure_is_reported_not_crashed(sim_fleet):
+    sim_fleet.set_gpus("gpu3", fail="driver")
+    try:
+        proc, rows = inv_json("status", "--inventory", str(sim_fleet.inventory_path), "--host", "gpu3")
+    finally:
+        sim_fleet.set_gpus("gpu3", fail=None)
+    row = rows[0]
+    assert row["reachable"] and row["cells"]["gpus"]["drift"]
+    assert any("gpu3" in p for p in row["problems"]), row["problems"]
+
+
+def test_inventory_error_names_file_host_field_and_value(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[hosts.gpu1]\naddress = "10.0.0.1"\nvenv = "relative/venv"\n')
+    proc = inv("status", "--inventory", str(bad))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr + proc.stdout
+    msg = proc.stderr
+    assert str(bad) in msg and "gpu1" in msg and "venv" in msg and "relative/venv" in msg
+
+
+def test_unknown_host_selection_is_a_clear_error(sim_fleet):
+    proc = inv("status", "--inventory", str(sim_fleet.inventory_path), "--host", "gpu9")
+    assert proc.returncode == 2
+    assert "gpu9" in proc.stderr and "Traceback" not in proc.stderr
