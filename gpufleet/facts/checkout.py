@@ -29,6 +29,7 @@ class CheckoutFacts(BaseModel):
     untracked: list[str] = []
     stashes: list[str] = []
     remote_url: str | None = None
+    kernel_version: str | None = None  # version in sgl-kernel/pyproject.toml of this checkout
 
 
 def parse_checkout(text: str, host: str | None) -> CheckoutFacts:
@@ -48,7 +49,8 @@ def parse_checkout(text: str, host: str | None) -> CheckoutFacts:
                          branch=values.get("branch") or None, upstream=values.get("upstream") or None,
                          ahead=ahead, behind=behind, modified=modified, untracked=untracked,
                          stashes=[line for line in stash if line.strip()],
-                         remote_url=redact_url(values.get("remote_url") or "") or None)
+                         remote_url=redact_url(values.get("remote_url") or "") or None,
+                         kernel_version=values.get("kernel_version") or None)
 
 
 def _parts(text: str) -> tuple[list[str], list[str] | None, list[str] | None]:

@@ -118,6 +118,8 @@ gf_checkout() {
     echo "upstream=$(gf_git "$dir" rev-parse --abbrev-ref --symbolic-full-name '@{u}' 2>/dev/null)"
     echo "ahead_behind=$(gf_git "$dir" rev-list --left-right --count 'HEAD...@{u}' 2>/dev/null)"
     echo "remote_url=$(gf_git "$dir" remote get-url origin 2>/dev/null)"
+    # The version sgl-kernel's source declares: what a from-source build of this checkout installs.
+    echo "kernel_version=$(sed -n 's/^version *= *"\([^"]*\)".*/\1/p' "$dir/sgl-kernel/pyproject.toml" 2>/dev/null | head -n 1)"
     echo "@@status"
     gf_git "$dir" status --porcelain=v1 || return
     echo "@@stash"
