@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from rich.console import Console
 from rich.table import Table
 
 from gpufleet.status import COMPONENTS, HostStatus
 
-console = Console(highlight=False)
+# Piped output (logs, CI) gets a wide console instead of rich's 80 columns, so tables are not folded.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+SHORT = {"flashinfer-python": "flashinfer", "flashinfer-cubin": "fi-cubin", "flashinfer-jit-cache": "fi-jit-cache"}
 
 
 def status_table(rows: list[HostStatus]) -> Table:
@@ -17,7 +20,7 @@ def status_table(rows: list[HostStatus]) -> Table:
     table = Table(title="gpufleet status", show_lines=False)
     table.add_column("host", style="bold")
     for comp in COMPONENTS:
-        table.add_column(comp)
+        table.add_column(SHORT.get(comp, comp))
     for row in rows:
         if not row.reachable:
             table.add_row(row.host, f"[red]UNREACHABLE[/] {row.error.splitlines()[0] if row.error else ''}",

@@ -75,7 +75,7 @@ def _gpu_cell(facts, host) -> tuple[Cell, list[str]]:
     if not gpus:
         return Cell("none", want, True), problems
     caps = sorted({g.compute_capability for g in gpus})
-    return Cell(f"{len(gpus)}x cc {'/'.join(caps)}", want, bool(problems), gpus[0].name), problems
+    return Cell(f"{len(gpus)}x cc {'/'.join(caps)}", want, bool(problems)), problems
 
 
 def _kernel_cell(facts) -> Cell:

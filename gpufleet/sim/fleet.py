@@ -15,11 +15,13 @@ from gpufleet.errors import GpufleetError
 from gpufleet.sim import system
 from gpufleet.sim.system import sh
 
-RUN_DIR = Path(os.environ.get("GPUFLEET_SIM_RUN", "/run/gpufleet-sim"))
-HOME_DIR = Path(os.environ.get("GPUFLEET_SIM_HOME", "/var/lib/gpufleet-sim"))
-PREFIX = "gfsim"
-BRIDGE = "gfsim0"
-SUBNET = "10.213.0"
+# One fleet per (prefix, subnet): a second, independent fleet on the same machine sets other values.
+PREFIX = os.environ.get("GPUFLEET_SIM_PREFIX", "gfsim")
+SUBNET = os.environ.get("GPUFLEET_SIM_SUBNET", "10.213.0")
+RUN_DIR = Path(os.environ.get("GPUFLEET_SIM_RUN", f"/run/gpufleet-sim/{PREFIX}"))
+HOME_DIR = Path(os.environ.get("GPUFLEET_SIM_HOME", f"/var/lib/gpufleet-sim/{PREFIX}"))
+BRIDGE = f"{PREFIX}0"
+VETH_PREFIX = f"{PREFIX[:3]}v-"
 CONTROL_ADDR = f"{SUBNET}.1"
 INDEX_PORT = 8765
 GIT_PORT = 9418
@@ -69,7 +71,7 @@ class SimHost:
 
     @property
     def veth(self) -> str:
-        return f"gfv-{self.name}"[:15]
+        return f"{VETH_PREFIX}{self.name}"[:15]
 
 
 @dataclass
@@ -192,7 +194,7 @@ class SimFleet:
         system.unmount_all(self.run_dir)
         for ns in system.netns_list(f"{PREFIX}-"):
             sh("ip", "netns", "del", ns, check=False)
-        for link in system.links("gfv-") + system.links(BRIDGE):
+        for link in system.links(VETH_PREFIX) + system.links(BRIDGE):
             sh("ip", "link", "del", link, check=False)
         if self.run_dir.exists():
             for child in self.run_dir.iterdir():
@@ -288,12 +290,18 @@ class SimFleet:
 
         index_pid = system.spawn_detached(index.serve_index_command(self.index_root, CONTROL_ADDR, INDEX_PORT),
                                           self.logs / "index.log")
+        # git-daemon itself, not the `git daemon` wrapper, so the recorded pid is the server's.
+        daemon = str(Path(sh("git", "--exec-path").stdout.strip()) / "git-daemon")
         git_pid = system.spawn_detached(
-            ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={self.upstream_bare.parent}",
+            [daemon, "--reuseaddr", "--export-all", f"--base-path={self.upstream_bare.parent}",
              f"--listen={CONTROL_ADDR}", f"--port={GIT_PORT}", str(self.upstream_bare.parent)],
             self.logs / "git-daemon.log")
-        for port in (INDEX_PORT, GIT_PORT):
+        for port, pid, marker, log in ((INDEX_PORT, index_pid, "http.server", "index.log"),
+                                       (GIT_PORT, git_pid, "git-daemon", "git-daemon.log")):
             _wait_port(CONTROL_ADDR, port, 15, f"control-node server on port {port}")
+            if not system.pid_alive(pid, marker):
+                raise SimError(f"{marker} exited (is port {port} on {CONTROL_ADDR} taken?):\n"
+                               + (self.logs / log).read_text(errors="replace")[-1500:])
         return index_pid, git_pid
 
     def _build_template(self) -> None:
@@ -303,7 +311,7 @@ class SimFleet:
         tdir = self.run_dir / "template"
         tdir.mkdir(parents=True)
         # A tmpfs of its own: overlayfs refuses a lower layer nested inside another lower layer (here "/").
-        sh("mount", "-t", "tmpfs", "-o", "mode=755", "gfsim-template", str(tdir))
+        sh("mount", "-t", "tmpfs", "-o", "mode=755", f"{PREFIX}-template", str(tdir))
         for sub in ("upper", "work", "root"):
             (tdir / sub).mkdir()
         root = tdir / "root"
@@ -358,7 +366,7 @@ class SimFleet:
         hdir = self.host_dir(host.name)
         hdir.mkdir(parents=True, exist_ok=True)
         system.unmount_all(hdir)
-        sh("mount", "-t", "tmpfs", "-o", "mode=755", f"gfsim-{host.name}", str(hdir))
+        sh("mount", "-t", "tmpfs", "-o", "mode=755", f"{PREFIX}-{host.name}", str(hdir))
         for sub in ("upper", "work", "root"):
             (hdir / sub).mkdir()
         root = hdir / "root"

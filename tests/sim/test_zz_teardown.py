@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.sim import system
-from gpufleet.sim.fleet import BRIDGE, PREFIX, SimFleet
+from gpufleet.sim.fleet import BRIDGE, PREFIX, VETH_PREFIX, SimFleet
 
 pytestmark = pytest.mark.sim
 
@@ -19,11 +19,19 @@ pytestmark = pytest.mark.sim
 def _leftovers(fleet: SimFleet, pids: list[int]) -> dict:
     return {
         "netns": system.netns_list(f"{PREFIX}-"),
-        "links": system.links("gfv-") + system.links(BRIDGE),
+        "links": system.links(VETH_PREFIX) + system.links(BRIDGE),
         "mounts": system.mounts_under(fleet.run_dir),
         "cgroups": [str(p) for h in system.CGROUP_HIERARCHIES if h.is_dir() for p in h.glob(f"{PREFIX}-*")],
-        "pids": [p for p in pids if Path(f"/proc/{p}").exists()],
+        "pids": [p for p in pids if _running(p)],
     }
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (this machine's init may reap orphans late)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def test_cleanup_after_killed_run_leaves_nothing(sim_fleet):
