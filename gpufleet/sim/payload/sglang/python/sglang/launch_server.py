@@ -1,0 +1,252 @@
+"""Launch the (simulated) SGLang server: a stdlib HTTP server that answers like sglang's, deterministically."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+FAIL_HEALTH_FILE = "/etc/gpufleet-sim/fail-health"
+GARBAGE_FILE = "/etc/gpufleet-sim/garbage-output"
+logger = logging.getLogger("sglang.launch_server")
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server")
+    parser.add_argument("--model-path", "--model", dest="model_path", required=True)
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp", type=int, default=1)
+    parser.add_argument("--context-length", type=int, default=262144)
+    parser.add_argument("--enable-torch-symm-mem", action="store_true")
+    # Every other sglang flag is accepted and ignored.
+    return parser.parse_known_args(argv)
+
+
+def failing_health() -> bool:
+    return os.environ.get("SGLANG_SIM_FAIL_HEALTH") == "1" or os.path.exists(FAIL_HEALTH_FILE)
+
+
+def garbage_output() -> bool:
+    return os.environ.get("SGLANG_SIM_GARBAGE") == "1" or os.path.exists(GARBAGE_FILE)
+
+
+def answer(prompt: str) -> str:
+    if garbage_output():
+        return "!!!!!!!!!!!!!!!!"
+    if "capital of france" in prompt.lower():
+        return "The capital of France is Paris."
+    return f"This is a simulated answer to: {' '.join(prompt.split()[:12])}"
+
+
+def check_model(model_path: str) -> None:
+    if not (Path(model_path) / "config.json").is_file():
+        raise OSError(f"{model_path} does not appear to have a file named config.json.")
+
+
+def load_stack() -> dict[str, str]:
+    """Import the kernel stack as the real server does at start; an import failure ends the launch."""
+    import flashinfer
+    import sgl_kernel
+    import torch
+
+    import sglang
+
+    versions = {"sglang": sglang.__version__, "torch": torch.__version__, "cuda": str(torch.version.cuda),
+                "flashinfer": flashinfer.__version__, "sgl_kernel": sgl_kernel.__version__}
+    for name, version in versions.items():
+        logger.info("%s version: %s", name, version)
+    return versions
+
+
+def check_gpus(tp: int) -> tuple[int, int]:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("No CUDA GPUs are available")
+    if tp > torch.cuda.device_count():
+        raise RuntimeError(f"--tp {tp} needs {tp} GPUs, but only {torch.cuda.device_count()} are visible")
+    capability = torch.cuda.get_device_capability(0)
+    logger.info("GPU: %s x%d, compute capability %d.%d", torch.cuda.get_device_name(0),
+                torch.cuda.device_count(), *capability)
+    return capability
+
+
+def setup_symm_mem(tp: int, major: int) -> dict:
+    from sglang.srt.distributed.device_communicators.torch_symm_mem import TorchSymmMemCommunicator
+
+    comm = TorchSymmMemCommunicator(world_size=tp, device_capability=major)
+    info = {"disabled": comm.disabled, "kernel": None if comm.disabled else comm.kernel,
+            "max_size": getattr(comm, "max_size", None)}
+    logger.info("torch symm-mem all-reduce: %s", info)
+    return info
+
+
+class State:
+    def __init__(self, args: argparse.Namespace, versions: dict[str, str], extra: dict):
+        self.args = args
+        self.versions = versions
+        self.extra = extra
+        self.model_name = args.served_model_name or Path(args.model_path.rstrip("/")).name
+        self.ready_at = time.monotonic() + float(os.environ.get("SGLANG_SIM_WARMUP", "2"))
+        self.created = int(time.time())
+
+    def ready(self) -> bool:
+        return time.monotonic() >= self.ready_at
+
+
+def health_status(state: State) -> int:
+    if failing_health():
+        return 500
+    return 200 if state.ready() else 503
+
+
+def prompt_of_messages(messages: list) -> str:
+    parts = []
+    for message in messages:
+        content = message.get("content") or ""
+        if isinstance(content, list):
+            content = " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+        parts.append(str(content))
+    return "\n".join(parts)
+
+
+def usage(prompt: str, text: str) -> dict:
+    prompt_tokens, completion_tokens = len(prompt.split()), len(text.split())
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def generate_reply(state: State, body: dict) -> dict:
+    prompt = body.get("text") or ""
+    prompt = prompt[0] if isinstance(prompt, list) and prompt else str(prompt)
+    text = answer(prompt)
+    meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": "stop", "matched": None}, **usage(prompt, text)}
+    return {"text": text, "meta_info": meta}
+
+
+def chat_reply(state: State, body: dict) -> dict:
+    prompt = prompt_of_messages(body.get("messages") or [])
+    text = answer(prompt)
+    return {
+        "id": uuid.uuid4().hex,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model") or state.model_name,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
+                                             "tool_calls": None}, "logprobs": None, "finish_reason": "stop",
+                     "matched_stop": None}],
+        "usage": usage(prompt, text),
+    }
+
+
+def completion_reply(state: State, body: dict) -> dict:
+    prompt = str(body.get("prompt") or "")
+    text = answer(prompt)
+    return {"id": uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
+            "model": body.get("model") or state.model_name,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}],
+            "usage": usage(prompt, text)}
+
+
+def models_reply(state: State) -> dict:
+    return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
+                                        "owned_by": "sglang", "root": state.model_name,
+                                        "max_model_len": state.args.context_length}]}
+
+
+def model_info_reply(state: State) -> dict:
+    return {"model_path": state.args.model_path, "tokenizer_path": state.args.model_path, "is_generation": True,
+            "preferred_sampling_params": None, "weight_version": "default"}
+
+
+def server_info_reply(state: State) -> dict:
+    return {**vars(state.args), "version": state.versions.get("sglang"), "versions": state.versions, **state.extra}
+
+
+GETS = {
+    "/v1/models": models_reply,
+    "/model_info": model_info_reply,
+    "/get_model_info": model_info_reply,
+    "/server_info": server_info_reply,
+    "/get_server_info": server_info_reply,
+}
+POSTS = {"/generate": generate_reply, "/v1/chat/completions": chat_reply, "/v1/completions": completion_reply}
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "uvicorn"
+    sys_version = ""
+    state: State
+
+    def log_message(self, fmt: str, *args) -> None:
+        logger.info("%s - %s", self.address_string(), fmt % args)
+
+    def send_json(self, status: int, payload) -> None:
+        body = b"" if payload is None else json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path in ("/health", "/health_generate"):
+            self.send_json(health_status(self.state), None)
+        elif path in GETS:
+            self.send_json(200, GETS[path](self.state))
+        else:
+            self.send_json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path not in POSTS:
+            self.send_json(404, {"detail": "Not Found"})
+            return
+        if not self.state.ready() or failing_health():
+            self.send_json(503, {"error": {"message": "The server is not ready yet.", "code": 503}})
+            return
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        except ValueError:
+            self.send_json(400, {"error": {"message": "Invalid JSON body", "code": 400}})
+            return
+        self.send_json(200, POSTS[path](self.state, body))
+
+
+def announce_ready(state: State) -> None:
+    time.sleep(max(0.0, state.ready_at - time.monotonic()))
+    if not failing_health():
+        logger.info("The server is fired up and ready to roll!")
+
+
+def launch(argv: list[str]) -> None:
+    args, ignored = parse_args(argv)
+    logger.info("server_args=%s ignored=%s", vars(args), ignored)
+    check_model(args.model_path)
+    versions = load_stack()
+    major, _ = check_gpus(args.tp)
+    extra = {"torch_symm_mem": setup_symm_mem(args.tp, major)} if args.enable_torch_symm_mem else {}
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    Handler.state = State(args, versions, extra)
+    threading.Thread(target=announce_ready, args=(Handler.state,), daemon=True).start()
+    logger.info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", args.host, args.port)
+    server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", stream=sys.stderr)
+    launch(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    main()

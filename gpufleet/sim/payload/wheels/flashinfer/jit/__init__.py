@@ -1,0 +1,1 @@
+"""JIT environment of the stand-in flashinfer."""

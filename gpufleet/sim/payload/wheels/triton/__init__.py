@@ -1,0 +1,3 @@
+"""Stand-in triton for the simulated fleet: only its version."""
+
+__version__ = "@VERSION@"
