@@ -140,3 +140,29 @@ def test_unknown_host_selection_is_a_clear_error(sim_fleet):
     proc = inv("status", "--inventory", str(sim_fleet.inventory_path), "--host", "gpu9")
     assert proc.returncode == 2
     assert "gpu9" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_host_behind_a_jump_host(sim_fleet, tmp_path):
+    extra = '[hosts.gpu2]\naddress = "%s"\njump = "gpu1"\n' % sim_fleet.host("gpu2").address
+    path = write_inventory(sim_fleet, tmp_path / "hosts.toml", ["gpu1"], extra=extra)
+    proc, facts = inv_json("facts", "--host", "gpu2", "--inventory", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert facts["host"] == "gpu2" and len(facts["gpus"]["gpus"]) == 8
+    # The jump really carried the connection: gpu2's sshd saw it come from gpu1's address.
+    log = sim_fleet.run_on("gpu2", "journalctl -u ssh --no-pager -o cat | grep Accepted").stdout
+    assert f"from {sim_fleet.host('gpu1').address} " in log, log
+
+
+def test_one_connection_per_host_for_a_run(sim_fleet, tmp_path):
+    from gpufleet.command import Cmd
+    from gpufleet.inventory import load_inventory
+    from gpufleet.runner import session_for
+
+    inv_ = load_inventory(sim_fleet.inventory_path)
+    session = session_for(inv_.hosts["gpu1"], inv_)
+    with session:
+        transport = session.conn.transport
+        for i in range(3):
+            session.run(Cmd.of("true"), step=f"probe {i}")
+        assert session.conn.transport is transport and transport.is_active()
+    assert [r.step for r in session.results] == ["probe 0", "probe 1", "probe 2"]
