@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpufleet.errors import GpufleetError
-from gpufleet.sim import system
+from gpufleet.sim import nvidia_smi, system
 from gpufleet.sim.system import sh
 
 # One fleet per (prefix, subnet): a second, independent fleet on the same machine sets other values.
@@ -30,15 +30,8 @@ CHECKOUT = "/root/sglang-main"
 MODEL_PATH = "/models/Qwen3.5-397B-A17B-NVFP4"
 NSPAWN_MARKER = "systemd-nspawn"
 
-BLACKWELL = {
-    "count": 8,
-    "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-    "compute_cap": "12.0",
-    "driver": "580.95.05",
-    "cuda": "13.0",
-    "memory_mib": 97887,
-    "fail": None,
-}
+# What every simulated host's nvidia-smi reports until a test changes it: the fake's own defaults.
+BLACKWELL = dict(nvidia_smi.DEFAULTS)
 
 # Units of the inherited root that a GPU box would not run; they would also fight over the shared lower layer.
 MASKED_UNITS = (
@@ -327,8 +320,6 @@ class SimFleet:
         shutil.rmtree(tdir / "work", ignore_errors=True)
 
     def _populate_template(self, root: Path) -> None:
-        from gpufleet.sim import nvidia_smi
-
         systemd_dir = root / "etc/systemd/system"
         for unit in MASKED_UNITS:
             link = systemd_dir / unit
