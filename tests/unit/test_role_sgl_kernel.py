@@ -1,0 +1,140 @@
+"""The sgl-kernel planner: jobs from cores and RAM, and its decisions (unchanged / install a wheel / build)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gpufleet.plan")
+
+from gpufleet.buildcache import INSTALLED_RECORD, LocalCache, Record  # noqa: E402
+from gpufleet.facts.model import HostFacts  # noqa: E402
+from gpufleet.inventory import GpuExpectation, Host  # noqa: E402
+from gpufleet.plan import PlanContext, PlanError, Step, Unchanged  # noqa: E402
+from gpufleet.stack import Stack  # noqa: E402
+from roles import sgl_kernel  # noqa: E402
+
+GIB = 1024 ** 3
+TREE = "c0ffee" + "0" * 34
+
+
+@pytest.mark.parametrize("cpus, mem_gib, override, jobs", [
+    (96, 512, "auto", 32),   # upstream's nproc/3
+    (96, 64, "auto", 16),    # RAM: 4 GiB a job
+    (8, 8, "auto", 2),
+    (1, 1, "auto", 1),       # never below 1
+    (None, None, "auto", 1),
+    (256, 2048, "auto", 48),  # upstream's cap
+    (8, 8, 6, 6),            # the stack's number wins
+])
+def test_build_jobs(cpus, mem_gib, override, jobs):
+    mem = mem_gib * GIB if mem_gib is not None else None
+    assert sgl_kernel.build_jobs(cpus, mem, override) == jobs
+
+
+class _Res:
+    def __init__(self, output):
+        self.output, self.exit_code = output, 0
+
+
+def _ctx(tmp_path, *, installed=None, on_host=None, packages=None, stack=None):
+    seen = []
+
+    def probe(cmd, step):
+        seen.append(cmd.render())
+        text = f"@@tree {TREE}\n@@installed\n{installed.to_json() if installed else ''}\n@@record\n"
+        if on_host and on_host.key in cmd.render():
+            text += on_host.to_json()
+        return _Res(text + "\n@@end\n")
+
+    facts = HostFacts(host="gpu1", cpu_count=32, mem_total_bytes=128 * GIB, nvcc_version="13.0",
+                      packages=packages or {"torch": "2.12.0.dev20260307+cu130", "sgl-kernel": "0.3.16"})
+    host = Host(name="gpu1", address="10.0.0.1", gpus=GpuExpectation())
+    repo = tmp_path / "repo"
+    (repo / "patches/sgl-kernel").mkdir(parents=True)
+    (repo / "patches/sgl-kernel/series").write_text("0001-guard.patch\n")
+    (repo / "patches/sgl-kernel/0001-guard.patch").write_text("--- a/CMakeLists.txt\n+++ b/CMakeLists.txt\n")
+    stack = stack or Stack.model_validate({}, context={"base_dir": repo})
+    ctx = PlanContext(host=host, stack=stack, facts=facts, probe=probe, repo=repo)
+    return ctx, seen
+
+
+def _key(ctx):
+    return sgl_kernel.inputs(ctx, TREE).key()
+
+
+def test_build_when_nothing_matches(tmp_path):
+    ctx, _ = _ctx(tmp_path)
+    [step] = sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
+    assert isinstance(step, Step) and step.title.startswith("build sgl-kernel")
+    text = "\n".join(c.render() for c in step.commands)
+    assert "git apply" in text and "--directory=sgl-kernel" in text
+    assert "TORCH_CUDA_ARCH_LIST=12.0a" in text and "CUDA_HOME=/usr/local/cuda" in text
+    assert "CPLUS_INCLUDE_PATH=/usr/local/cuda/include/cccl" in text
+    assert "MAX_JOBS=10" in text and "CMAKE_BUILD_PARALLEL_LEVEL=10" in text
+    assert "-DSGL_KERNEL_COMPILE_THREADS=1" in text and "cmake.define.SGL_KERNEL_ENABLE_FP4=1" in text
+    assert "systemd-run" in text and f"gpufleet-build-{_key(ctx)[:12]}" in text
+    assert "--no-build-isolation" in text and "--force-reinstall --no-deps" in text
+    assert "cutlass_scaled_fp4_mm" in step.verify[0].render()
+
+
+def test_unchanged_when_installed_record_has_the_key(tmp_path):
+    ctx, _ = _ctx(tmp_path, packages={"torch": "2.12.0.dev20260307+cu130", "sgl_kernel": "0.3.21"})
+    rec = Record(key=_key(ctx), inputs={}, wheel="/x/sgl_kernel-0.3.21-cp310-abi3-linux_x86_64.whl",
+                 archs=["sm_120a"], fp4=True)
+    ctx, _ = _ctx(tmp_path / "b", installed=rec, packages={"torch": "2.12.0.dev20260307+cu130",
+                                                           "sgl_kernel": "0.3.21"})
+    [item] = sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
+    assert isinstance(item, Unchanged) and "sm_120a" in item.reason
+
+
+def test_new_torch_means_a_new_build(tmp_path):
+    ctx, _ = _ctx(tmp_path)
+    rec = Record(key=_key(ctx), inputs={}, wheel="/x/sgl_kernel-0.3.21-cp310-abi3-linux_x86_64.whl")
+    ctx, _ = _ctx(tmp_path / "b", installed=rec,
+                  packages={"torch": "2.13.0.dev20260401+cu130", "sgl-kernel": "0.3.21"})
+    [item] = sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
+    assert isinstance(item, Step) and item.title.startswith("build")
+
+
+def test_cached_wheel_is_uploaded_and_installed(tmp_path):
+    ctx, _ = _ctx(tmp_path)
+    key = _key(ctx)
+    cache = LocalCache(tmp_path / "cache")
+    whl = tmp_path / "sgl_kernel-0.3.21-cp310-abi3-linux_x86_64.whl"
+    whl.write_bytes(b"wheel")
+    cache.store(Record(key=key, inputs={"host": "gpu2"}, wheel=str(whl)), whl)
+    [step] = sgl_kernel.plan(ctx, cache)
+    assert step.title.startswith("install sgl-kernel wheel") and len(step.uploads) == 1
+    up = step.uploads[0]
+    assert up.url.startswith("file://") and up.remote.endswith(f"{key}/cached/{whl.name}")
+    assert "copied-from gpu2" in step.commands[0].render() and "pip install" not in "".join(
+        c.render() for c in step.commands if "pip wheel" in c.render())
+
+
+def test_wheel_already_on_host_is_installed(tmp_path):
+    ctx, _ = _ctx(tmp_path)
+    rec = Record(key=_key(ctx), inputs={}, wheel="/var/lib/gpufleet/builds/k/dist/sgl_kernel-0.3.21-x.whl")
+    ctx, _ = _ctx(tmp_path / "b", on_host=rec)
+    [step] = sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
+    assert step.title.startswith("install") and not step.uploads
+
+
+def test_fp4_off_and_extra_args(tmp_path):
+    ctx, _ = _ctx(tmp_path)
+    stack = Stack.model_validate({"sgl_kernel": {"enable_fp4": False, "max_jobs": 3,
+                                                 "extra_cmake_args": ["-DENABLE_CCACHE=ON"]}},
+                                 context={"base_dir": ctx.repo})
+    ctx2, _ = _ctx(tmp_path / "b", stack=stack)
+    assert _key(ctx2) != _key(ctx)
+    [step] = sgl_kernel.plan(ctx2, LocalCache(tmp_path / "cache"))
+    text = "\n".join(c.render() for c in step.commands)
+    assert "SGL_KERNEL_ENABLE_FP4" not in text and "MAX_JOBS=3" in text and "-DENABLE_CCACHE=ON" in text
+
+
+def test_missing_torch_is_a_plan_error(tmp_path):
+    ctx, _ = _ctx(tmp_path, packages={"sgl-kernel": "0.3.16"})
+    with pytest.raises(PlanError, match="torch"):
+        sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
