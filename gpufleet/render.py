@@ -84,6 +84,9 @@ def print_facts(facts) -> None:
                                          f"(+{co.ahead}/-{co.behind})")
         table.add_row("local edits", ", ".join(co.modified + co.untracked) or "-")
         table.add_row("stashes", "; ".join(co.stashes) or "-")
+    elif co:
+        table.add_row("sglang checkout", f"[red]absent[/]: {co.path} "
+                                         + ("is not a git checkout" if co.exists else "does not exist"))
     u = facts.unit
     if u:
         table.add_row("service", "no systemd" if not u.systemd else

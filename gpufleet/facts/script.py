@@ -32,8 +32,12 @@ gf_run() {
 }
 
 gf_nvidia_smi() {
-    if ! command -v nvidia-smi >/dev/null 2>&1; then echo "gpufleet: nvidia-smi not found"; return 127; fi
-    gf_run nvidia-smi "$@"
+    local smi
+    smi=$(command -v nvidia-smi 2>/dev/null) || smi=
+    # A non-interactive SSH session gets sshd's default PATH; container images keep the tool elsewhere.
+    if [ -z "$smi" ] && [ -x /usr/local/nvidia/bin/nvidia-smi ]; then smi=/usr/local/nvidia/bin/nvidia-smi; fi
+    if [ -z "$smi" ]; then echo "gpufleet: nvidia-smi not found (PATH, /usr/local/nvidia/bin)"; return 127; fi
+    gf_run "$smi" "$@"
 }
 
 gf_gpu_query() { gf_nvidia_smi --query-gpu=@GPU_FIELDS@ --format=csv,noheader,nounits; }
