@@ -14,19 +14,24 @@ _COMMON = {
 }
 
 
+def fleet_task(**kwargs):
+    """A task over hosts: long flags only, since an automatic -h for --host would shadow -h for help."""
+    return task(auto_shortflags=False, **kwargs)
+
+
 def _exit(code: int) -> None:
     if code:
         raise Exit(code=code)
 
 
-@task(help=_COMMON)
+@fleet_task(help=_COMMON)
 @cli.user_errors
 def facts(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False):
     """Show what a host is: GPUs, OS, CPU/RAM/disk, stack versions in its venv, sglang checkout, service."""
     _exit(cli.facts(inventory, stack, host, hosts, json, accept_new_host_keys))
 
 
-@task(help=_COMMON)
+@fleet_task(help=_COMMON)
 @cli.user_errors
 def status(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False):
     """Compare each host with stack.toml: one row per host, drift highlighted; exit 1 on drift or unreachable."""
