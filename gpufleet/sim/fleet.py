@@ -467,7 +467,7 @@ def _source_hash() -> str:
 def _fetch_build_tools(dest: Path) -> None:
     """Real wheels of the build tools a host needs offline (editable installs, the sgl-kernel build)."""
     cmd = [os.sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--dest", str(dest),
-           "wheel", "setuptools"]
+           "wheel", "setuptools", "scikit-build-core", "packaging", "pathspec"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SimError(f"could not fetch build-tool wheels for the simulated index: {proc.stderr.strip()[-800:]}")
