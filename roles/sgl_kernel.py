@@ -168,11 +168,18 @@ def _record_script(ctx: PlanContext, key: str, wheel_expr: str, origin: str, inp
     return script(text)
 
 
+def _needed(ctx: PlanContext, key: str) -> Cmd:
+    """Exit 0 while the venv's sgl-kernel is not from this build (a re-run skips a step another run finished)."""
+    code = (f"import json, sys\ntry:\n    done = json.load(open({buildcache.INSTALLED_RECORD!r}))['key'] == {key!r}\n"
+            "except Exception:\n    done = False\nsys.exit(1 if done else 0)\n")
+    return Cmd.of("python3", "-c", code)
+
+
 def _install_step(ctx: PlanContext, key: str, wheel: str, origin: str, why: str) -> Step:
     inputs_json = json.dumps({"key": key})
     return Step(role=name, title=f"install sgl-kernel wheel {Path(wheel).name} (build {key[:12]})", reason=why,
                 commands=(_record_script(ctx, key, shlex.quote(wheel), origin, inputs_json),),
-                verify=(_verify(ctx, key),), timeout=1800, changes=("venv",))
+                needed=_needed(ctx, key), verify=(_verify(ctx, key),), timeout=1800, changes=("venv",))
 
 
 def _patch_cmds(ctx: PlanContext) -> list[Cmd]:
@@ -219,4 +226,4 @@ def _build_step(ctx: PlanContext, built: BuildInputs, key: str, why: str) -> Ste
                 reason=why + "; no wheel with that key on the host or in the cache",
                 commands=(*_patch_cmds(ctx), deps, detached.wait_cmd(job, inner),
                           _record_script(ctx, key, wheel_expr, "built-here", inputs_json)),
-                verify=(_verify(ctx, key),), timeout=BUILD_TIMEOUT, changes=("checkout", "venv", "cache"))
+                needed=_needed(ctx, key), verify=(_verify(ctx, key),), timeout=BUILD_TIMEOUT, changes=("checkout", "venv", "cache"))

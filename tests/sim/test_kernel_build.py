@@ -135,3 +135,6 @@ def test_build_once_then_install_cached_wheel_elsewhere(sim_fleet, tmp_path):
         assert isinstance(after, Unchanged), (after.title, after.reason)
     finally:
         s1.close(), s3.close()
+        # The fleet is shared by the whole session: later tests expect the old stack on every host.
+        for name in ("gpu1", "gpu3"):
+            sim_fleet.reset_host(name)

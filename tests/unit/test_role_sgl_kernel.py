@@ -138,3 +138,19 @@ def test_missing_torch_is_a_plan_error(tmp_path):
     ctx, _ = _ctx(tmp_path, packages={"sgl-kernel": "0.3.16"})
     with pytest.raises(PlanError, match="torch"):
         sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
+
+
+def test_needed_reads_the_installed_record(tmp_path, monkeypatch):
+    import subprocess
+
+    ctx, _ = _ctx(tmp_path)
+    [step] = sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
+    record = tmp_path / "installed.json"
+    monkeypatch.setattr(sgl_kernel.buildcache, "INSTALLED_RECORD", str(record))
+    needed = sgl_kernel._needed(ctx, _key(ctx))
+    run = lambda: subprocess.run(list(map(str, needed.argv)), capture_output=True).returncode  # noqa: E731
+    assert step.needed is not None and run() == 0
+    record.write_text(json.dumps({"key": _key(ctx)}))
+    assert run() == 1
+    record.write_text(json.dumps({"key": "other"}))
+    assert run() == 0
