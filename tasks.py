@@ -38,6 +38,16 @@ def status(c, host=None, hosts=None, inventory=None, stack=None, json=False, acc
     _exit(cli.status(inventory, stack, host, hosts, json, accept_new_host_keys))
 
 
+@fleet_task(help={**_COMMON, "dry-run": "print each host's plan (steps with reasons, what stays) and change nothing"})
+@cli.user_errors
+def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False,
+            dry_run=False):
+    """Bring hosts to stack.toml (torch, flashinfer, then a whole-stack check); --dry-run shows the plan."""
+    from gpufleet import cli_upgrade
+
+    _exit(cli_upgrade.upgrade(inventory, stack, host, hosts, json, accept_new_host_keys, dry_run))
+
+
 @task(name="up", help={"count": "how many simulated GPU servers to boot (default 3)",
                         "inventory": "where to write their inventory (default hosts/sim.toml)"})
 @cli.user_errors
@@ -66,5 +76,5 @@ def sim_status(c, json=False):
     _exit(sim_cli.status(json))
 
 
-ns = Collection(facts, status)
+ns = Collection(facts, status, upgrade)
 ns.add_collection(Collection("sim", sim_up, sim_down, sim_status))

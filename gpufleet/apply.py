@@ -1,0 +1,250 @@
+"""The executor: plans each role against the host as it is, re-checks, snapshots, applies, verifies, records."""
+
+from __future__ import annotations
+
+import posixpath
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from gpufleet import hoststate
+from gpufleet.command import Cmd
+from gpufleet.errors import GpufleetError, RemoteCommandError
+from gpufleet.fetch import WheelCache
+from gpufleet.gather import gather_facts
+from gpufleet.hoststate import HostLockedError, RunInfo
+from gpufleet.plan import PlanContext, Role, Step, Unchanged, Upload, brief
+
+# Entry statuses: planned (dry run), unchanged (the role said so), done-already (its `needed` check said so at
+# apply time), changed, verified (a check-only step passed), failed.
+
+
+@dataclass
+class Entry:
+    """One planned item on one host and what became of it."""
+
+    item: Step | Unchanged
+    status: str
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {**self.item.to_json(), "status": self.status, "seconds": round(self.seconds, 2)}
+
+
+@dataclass
+class HostReport:
+    """What an upgrade did (or, in a dry run, would do) on one host."""
+
+    host: str
+    dry_run: bool
+    entries: list[Entry] = field(default_factory=list)
+    outcome: str = "ok"  # ok | failed | locked | unreachable
+    error: str | None = None
+    next_step: str | None = None
+    snapshot: str | None = None
+    lock_holder: str | None = None  # dry run: another run holds the host's lock now
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+    def with_status(self, *statuses: str) -> list[Entry]:
+        return [e for e in self.entries if e.status in statuses]
+
+    def to_json(self) -> dict:
+        return {"host": self.host, "dry_run": self.dry_run, "outcome": self.outcome, "ok": self.ok,
+                "error": self.error, "next": self.next_step, "snapshot": self.snapshot,
+                "lock_holder": self.lock_holder, "seconds": round(self.seconds, 2),
+                "changed": [f"{e.item.role}: {e.item.title}" for e in self.with_status("changed")],
+                "entries": [e.to_json() for e in self.entries]}
+
+
+@dataclass
+class Upgrade:
+    """One `inv upgrade` run over many hosts: the roles, who runs it, and what is shared between host threads."""
+
+    roles: Sequence[Role]
+    run: RunInfo
+    repo: Path
+    dry_run: bool = False
+    wheels: WheelCache = field(default_factory=WheelCache)
+    say: Callable[[str], None] = print  # one whole line (host-prefixed) of live output
+    command_timeout: float | None = None
+    read_facts: Callable = gather_facts
+
+    def host(self, session, stack) -> HostReport:
+        """Plan (dry run) or apply every role on one host; never raises for a failure on the host."""
+        return _HostRun(self, session, stack).go()
+
+
+class _HostRun:
+    """The state of one host's run: its report, its facts, whether the snapshot was taken."""
+
+    def __init__(self, upgrade: Upgrade, session, stack):
+        self.up, self.session, self.stack = upgrade, session, stack
+        self.report = HostReport(session.name, upgrade.dry_run)
+
+    def say(self, text: str) -> None:
+        self.up.say(f"[{self.session.name}] {text}")
+
+    def probe(self, cmd: Cmd, step: str):
+        return self.session.run(cmd, step=step, check=False, timeout=self.up.command_timeout)
+
+    def context(self, facts) -> PlanContext:
+        return PlanContext(host=self.session.host, stack=self.stack, facts=facts, probe=self.probe, repo=self.up.repo)
+
+    def go(self) -> HostReport:
+        started = time.monotonic()
+        try:
+            if self.up.dry_run:
+                self.plan_only()
+            else:
+                self.apply()
+        finally:
+            self.report.seconds = time.monotonic() - started
+        return self.report
+
+    def plan_only(self) -> None:
+        try:
+            self.report.lock_holder = hoststate.read_lock(self.session)
+            # Nothing changes in a dry run, so every role sees today's facts.
+            ctx = self.context(self.up.read_facts(self.session))
+            for role in self.up.roles:
+                for item in role.plan(ctx):
+                    self.report.entries.append(Entry(item, "unchanged" if isinstance(item, Unchanged) else "planned"))
+        except GpufleetError as exc:
+            self.fail(exc, "fix the cause, then run the dry run again")
+
+    def apply(self) -> None:
+        run = self.up.run
+        try:
+            hoststate.acquire_lock(self.session, run)
+        except HostLockedError as exc:
+            self.report.outcome, self.report.error = "locked", str(exc)
+            self.report.next_step = (f"wait for that run to finish; if it is gone for good, remove "
+                                     f"{hoststate.LOCK_DIR} on {self.session.name} and run again")
+            self.audit()
+            return
+        except GpufleetError as exc:
+            self.fail(exc, "fix the cause, then run again")
+            return
+        self.report.outcome = "running"
+        try:
+            self.apply_roles()
+            self.report.outcome = "ok"
+        except GpufleetError as exc:
+            self.fail(exc, self.resume_hint())
+        finally:
+            if self.report.outcome == "running":  # an unexpected exception is on its way up
+                self.report.outcome, self.report.error = "failed", "interrupted"
+            self.audit()
+            try:
+                hoststate.release_lock(self.session, run)
+            except GpufleetError as exc:
+                self.say(f"could not release the lock: {exc}")
+
+    def apply_roles(self) -> None:
+        facts = self.up.read_facts(self.session)
+        for role in self.up.roles:
+            changed = False
+            for item in role.plan(self.context(facts)):
+                if isinstance(item, Unchanged):
+                    self.report.entries.append(Entry(item, "unchanged"))
+                else:
+                    changed |= self.apply_step(item)
+            if changed:  # the next role plans against the host as it is now
+                facts = self.up.read_facts(self.session)
+
+    def apply_step(self, step: Step) -> bool:
+        """Run one step if its `needed` check still says so; True when it changed the host."""
+        entry = Entry(step, "running")
+        self.report.entries.append(entry)
+        started = time.monotonic()
+        try:
+            if step.needed is not None and not self.still_needed(step):
+                entry.status = "done-already"
+                self.say(f"{step.role}: {step.title}: already done")
+                return False
+            self.say(f"{step.role}: {step.title}")
+            if step.commands or step.uploads:
+                self.ensure_snapshot()
+            for upload in step.uploads:
+                self.upload(step, upload)
+            timeout = step.timeout or self.up.command_timeout
+            for cmd in step.commands:
+                self.run(cmd, step.title, timeout=timeout, echo=self.up.say)
+            for cmd in step.verify:
+                result = self.run(cmd, f"{step.title}: verify" if step.commands else step.title, timeout=timeout)
+                self.say(f"{step.role}: {(result.output.strip().splitlines() or ['ok'])[-1]}")
+            entry.status = "changed" if step.commands or step.uploads else "verified"
+            return entry.status == "changed"
+        except BaseException:
+            entry.status = "failed"
+            raise
+        finally:
+            entry.seconds = time.monotonic() - started
+
+    def run(self, cmd: Cmd, step: str, **options):
+        """session.run, with inline scripts abbreviated in the error (its output tail says what went wrong)."""
+        try:
+            return self.session.run(cmd, step=step, **options)
+        except RemoteCommandError as exc:
+            raise RemoteCommandError(exc.host, exc.step, brief(cmd), exc.exit_code, exc.output_tail) from None
+
+    def still_needed(self, step: Step) -> bool:
+        result = self.session.run(step.needed, step=f"{step.title}: still needed?", check=False,
+                                  timeout=self.up.command_timeout)
+        if result.exit_code in (0, 1):
+            return result.exit_code == 0
+        raise RemoteCommandError(self.session.name, f"{step.title}: still needed?", brief(step.needed),
+                                 result.exit_code, result.tail())
+
+    def ensure_snapshot(self) -> None:
+        if self.report.snapshot is None:
+            self.report.snapshot = hoststate.snapshot(self.session, self.up.run)
+            self.say(f"state before this run saved in {self.report.snapshot}")
+
+    def upload(self, step: Step, up: Upload) -> None:
+        """Put a pinned wheel on the host unless it is there already; fetched once per run for all hosts."""
+        title = f"{step.title}: upload {posixpath.basename(up.remote)}"
+        have = self.session.run(Cmd.of("bash", "-c", '[ -f "$1" ] && sha256sum < "$1"', "sha", up.remote),
+                                step=f"{title}: on the host?", check=False)
+        if have.exit_code == 0 and have.output.split()[:1] == [up.sha256]:
+            return
+        local = self.up.wheels.get(up.url, up.sha256)
+        part = f"{up.remote}.part"
+        self.session.run(Cmd.of("mkdir", "-p", posixpath.dirname(up.remote)), step=title)
+        self.say(f"uploading {local.name} ({local.stat().st_size / 2**20:.1f} MiB)")
+        self.session.conn.sftp().put(str(local), part)
+        check = ('[ "$(sha256sum < "$1" | cut -d " " -f 1)" = "$2" ] && mv -f -- "$1" "$3" '
+                 '|| { echo "uploaded file has the wrong sha256"; rm -f -- "$1"; exit 1; }')
+        self.session.run(Cmd.of("bash", "-c", check, "upload", part, up.sha256, up.remote), step=title)
+
+    def resume_hint(self) -> str:
+        failed = next((e for e in self.report.entries if e.status == "failed"), None)
+        where = f" at '{failed.item.title}'" if failed else ""
+        hint = (f"fix the cause, then run `{self.up.run.command}` again: steps already done are skipped and the run "
+                f"continues{where}")
+        if self.report.snapshot:
+            hint += f"; the state before this run is saved in {self.report.snapshot} on {self.session.name}"
+        return hint
+
+    def fail(self, exc: GpufleetError, next_step: str) -> None:
+        self.report.outcome, self.report.error, self.report.next_step = "failed", str(exc), next_step
+
+    def audit(self) -> None:
+        r = self.report
+        failed = next((e for e in r.entries if e.status == "failed"), None)
+        record = {"when": hoststate.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "who": self.up.run.who,
+                  "pid": self.up.run.pid, "command": self.up.run.command, "host": r.host, "outcome": r.outcome,
+                  "changed": [f"{e.item.role}: {e.item.title}" for e in r.with_status("changed")],
+                  "done_already": [f"{e.item.role}: {e.item.title}" for e in r.with_status("done-already")],
+                  "unchanged": [f"{e.item.role}: {e.item.reason}" for e in r.with_status("unchanged")],
+                  "failed": ({"step": f"{failed.item.role}: {failed.item.title}"} if failed else None),
+                  "error": r.error, "snapshot": r.snapshot}
+        try:
+            hoststate.append_audit(self.session, record)
+        except GpufleetError as exc:
+            self.say(f"could not append to {hoststate.AUDIT_LOG}: {exc}")

@@ -1,0 +1,104 @@
+"""Wheels pinned by URL and sha256: fetched at most once per run into a local cache dir, checked, reused."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import urllib.request
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from gpufleet.errors import GpufleetError
+from gpufleet.facts.checkout import redact_url
+
+CHUNK = 1 << 20
+
+
+class FetchError(GpufleetError):
+    """A pinned wheel could not be fetched, or its sha256 is not the pinned one."""
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("GPUFLEET_CACHE_DIR") or Path.home() / ".cache" / "gpufleet") / "wheels"
+
+
+def wheel_filename(url: str) -> str:
+    """The wheel's file name from its URL (pip needs the real name to read tags and version)."""
+    name = unquote(urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1])
+    if not name.endswith(".whl") or "/" in name:
+        raise FetchError(f"{redact_url(url)}: does not name a .whl file")
+    return name
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class WheelCache:
+    """One per run, shared by the host threads: each URL is fetched (or its cached copy checked) only once."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root else default_cache_dir()
+        self.downloads: list[str] = []  # URLs fetched over the network during this run
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+        self._done: dict[str, Path | FetchError] = {}
+
+    def get(self, url: str, sha256: str) -> Path:
+        """A local file with the pinned content; a failure is remembered so other hosts do not retry it."""
+        with self._guard:
+            lock = self._locks.setdefault(url, threading.Lock())
+        with lock:
+            if url not in self._done:
+                try:
+                    self._done[url] = self._obtain(url, sha256.lower())
+                except FetchError as exc:
+                    self._done[url] = exc
+            found = self._done[url]
+        if isinstance(found, FetchError):
+            raise found
+        return found
+
+    def _obtain(self, url: str, sha256: str) -> Path:
+        parts = urlsplit(url)
+        if parts.scheme == "file":
+            path = Path(unquote(parts.path))
+            if not path.is_file():
+                raise FetchError(f"{redact_url(url)}: no such file")
+            self._check(url, path, sha256)
+            return path
+        path = self.root / sha256 / wheel_filename(url)
+        if path.is_file() and sha256_of(path) == sha256:
+            return path
+        self._download(url, path, sha256)
+        return path
+
+    @staticmethod
+    def _check(url: str, path: Path, sha256: str) -> None:
+        got = sha256_of(path)
+        if got != sha256:
+            raise FetchError(f"{redact_url(url)}: sha256 is {got}, stack.toml pins {sha256}: refusing the wheel")
+
+    def _download(self, url: str, path: Path, sha256: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(path.name + ".part")
+        digest = hashlib.sha256()
+        try:
+            with urllib.request.urlopen(url, timeout=60) as resp, open(part, "wb") as out:
+                while chunk := resp.read(CHUNK):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except (OSError, ValueError) as exc:
+            part.unlink(missing_ok=True)
+            raise FetchError(f"cannot download {redact_url(url)}: {exc}") from None
+        self.downloads.append(url)
+        if digest.hexdigest() != sha256:
+            part.unlink(missing_ok=True)
+            raise FetchError(f"{redact_url(url)}: downloaded sha256 is {digest.hexdigest()}, stack.toml pins {sha256}: "
+                             f"refusing the wheel")
+        os.replace(part, path)

@@ -1,0 +1,138 @@
+"""flashinfer role: python, cubin and jit-cache at one version, installed together; then a fresh JIT cache."""
+
+from __future__ import annotations
+
+import json
+
+from gpufleet.command import Cmd
+from gpufleet.fetch import wheel_filename
+from gpufleet.plan import PlanContext, PlanError, Step, Unchanged, Upload
+from gpufleet.status import versions_match
+from roles.pip import (find_uv, has_pip, install_cmd, installed_packages, needs_versions, normalized,
+                       venv_python)
+
+name = "flashinfer"
+PACKAGES = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
+SOURCES = {"flashinfer-python": "python", "flashinfer-cubin": "cubin", "flashinfer-jit-cache": "jit_cache"}
+WHEEL_DIR = "/var/cache/gpufleet/wheels"  # wheels fetched by URL land here on the host
+JIT_CACHE = "$HOME/.cache/flashinfer"
+
+# exit 0 (clear needed): the JIT cache holds an entry older than the installed flashinfer-python.
+# Kernels compiled by another flashinfer version must not be reused; this also holds after a run that
+# installed flashinfer but failed before clearing, so a re-run still clears.
+_STALE_CACHE = r'''
+d="$HOME/.cache/flashinfer"
+[ -d "$d" ] || exit 1
+stamp=$(ls -d "$1"/lib/python*/site-packages/flashinfer_python-*.dist-info 2>/dev/null | head -n 1)
+[ -n "$stamp" ] || exit 0
+[ -n "$(find "$d" -mindepth 1 ! -newer "$stamp" -print -quit)" ]
+'''
+
+_VERSION_RULES = r'''
+import json, sys
+import importlib.metadata as md
+want = json.loads(sys.argv[1])
+have = {}
+for n in want:
+    try:
+        have[n] = md.version(n)
+    except md.PackageNotFoundError:
+        have[n] = None
+py, cubin, jit = have["flashinfer-python"], have["flashinfer-cubin"], have["flashinfer-jit-cache"]
+names = ", ".join("%s %s" % (n, have[n] or "(absent)") for n in want)
+problems = []
+if cubin != py:
+    problems.append("flashinfer-cubin must equal flashinfer-python")
+if (jit or "").split("+")[0] != py:
+    problems.append("flashinfer-jit-cache's public version must equal flashinfer-python")
+for n, v in want.items():
+    if have[n] != v and not (have[n] and "+" not in have[n] and have[n] == v.split("+")[0]):
+        problems.append("%s is %s, stack.toml wants %s" % (n, have[n] or "absent", v))
+if problems:
+    print("flashinfer versions do not fit (%s): %s" % (names, "; ".join(problems)))
+    sys.exit(1)
+try:
+    import flashinfer
+except Exception as exc:
+    print("import flashinfer failed with %s: %s: %s" % (names, type(exc).__name__, exc))
+    sys.exit(1)
+print("flashinfer %s imports (%s)" % (flashinfer.__version__, names))
+'''
+
+
+def targets(stack) -> dict[str, str]:
+    """The version each of the three packages must have (jit-cache carries the CUDA label)."""
+    fi = stack.flashinfer
+    return {"flashinfer-python": normalized(fi.version), "flashinfer-cubin": normalized(fi.version),
+            "flashinfer-jit-cache": normalized(fi.jit_cache_version)}
+
+
+def rules_cmd(ctx: PlanContext) -> Cmd:
+    """The version rules (cubin == python, jit-cache public == python, all as pinned), then import flashinfer."""
+    return Cmd.of(venv_python(ctx), "-c", _VERSION_RULES, json.dumps(targets(ctx.stack)), cwd="/")
+
+
+def stale_cache_cmd(ctx: PlanContext) -> Cmd:
+    return Cmd.of("bash", "-c", _STALE_CACHE, "stale-jit-cache", ctx.host.venv)
+
+
+def _requirements(ctx: PlanContext) -> tuple[list[str], list[str], list[Upload]]:
+    """Requirement strings, the index URLs in order (python's first) and the uploads of URL-pinned wheels."""
+    reqs, indexes, uploads = [], [], []
+    for package, version in targets(ctx.stack).items():
+        source = getattr(ctx.stack.flashinfer, SOURCES[package])
+        if source.url:
+            remote = f"{WHEEL_DIR}/{wheel_filename(source.url)}"
+            uploads.append(Upload(source.url, source.sha256, remote))
+            reqs.append(remote)
+        else:
+            reqs.append(f"{package}=={version}")
+            indexes.append(source.index_url)
+    return reqs, list(dict.fromkeys(indexes)), uploads
+
+
+def install_step(ctx: PlanContext, have: dict[str, str | None]) -> Step:
+    want = targets(ctx.stack)
+    uv = find_uv(ctx)
+    if uv is None and not has_pip(ctx):
+        raise PlanError(ctx.host.name, name, f"the venv {ctx.host.venv} has no pip and the host has no uv")
+    reqs, indexes, uploads = _requirements(ctx)
+    # One resolver run for all three: a version missing from an index changes nothing, and the three never
+    # end up at different versions (flashinfer refuses to import then).
+    cmd = install_cmd(ctx, reqs, index_url=indexes[0] if indexes else None, extra_index_urls=indexes[1:], uv=uv)
+    had = ", ".join(f"{p} {have[p] or '(absent)'}" for p in PACKAGES)
+    wanted = ", ".join(f"{p} {want[p]}" for p in PACKAGES)
+    return Step(role=name, title=f"install flashinfer {want['flashinfer-python']} (python, cubin, jit-cache "
+                                 f"{want['flashinfer-jit-cache']})",
+                reason=f"venv has {had}; stack.toml wants {wanted} (the three move together)",
+                commands=(cmd,), needed=needs_versions(ctx, want), verify=(rules_cmd(ctx),), changes=("venv",),
+                uploads=tuple(uploads))
+
+
+def clear_cache_step(ctx: PlanContext, reason: str) -> Step:
+    return Step(role=name, title="clear flashinfer's JIT cache (~/.cache/flashinfer)", reason=reason,
+                commands=(Cmd.of("bash", "-c", f'rm -rf -- "{JIT_CACHE}"'),), needed=stale_cache_cmd(ctx),
+                changes=("cache",))
+
+
+def plan(ctx: PlanContext) -> list[Step | Unchanged]:
+    """Install the three packages when any differs and clear the JIT cache after; else say why not."""
+    packages = installed_packages(ctx, name)
+    want = targets(ctx.stack)
+    have = {p: packages.get(p) for p in PACKAGES}
+    if any(not versions_match(have[p], want[p]) for p in PACKAGES):
+        old = have["flashinfer-python"] or "none"
+        return [install_step(ctx, have),
+                clear_cache_step(ctx, f"kernels JIT-compiled by flashinfer {old} must not be reused by "
+                                      f"{want['flashinfer-python']}")]
+    installed = (f"flashinfer-python and flashinfer-cubin {want['flashinfer-python']}, flashinfer-jit-cache "
+                 f"{want['flashinfer-jit-cache']} already installed")
+    items: list[Step | Unchanged] = [Unchanged(name, installed)]
+    if ctx.probe is None:
+        items.append(Unchanged(name, "JIT cache not looked at (no probe); it is cleared whenever flashinfer changes"))
+    elif ctx.probe(stale_cache_cmd(ctx), "stale JIT cache?").exit_code == 0:
+        items.append(clear_cache_step(ctx, "the JIT cache holds entries older than the installed flashinfer "
+                                           "(left by an earlier version)"))
+    else:
+        items.append(Unchanged(name, "the JIT cache holds nothing older than the installed flashinfer"))
+    return items

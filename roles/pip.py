@@ -1,0 +1,119 @@
+"""Install commands into a host's venv (uv where the host has it, else the venv's pip) and version checks."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlsplit
+
+from packaging.version import InvalidVersion, Version
+
+from gpufleet.command import Cmd, Part, Secret
+from gpufleet.plan import PlanContext, PlanError
+
+# The stack alone names package sources: a host's pip.conf (extra indexes, constraints, find-links) would
+# otherwise mix other builds into an exact pin.
+PIP_ENV = {"PIP_CONFIG_FILE": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+
+_FIND_UV = r'''
+for c in "$(command -v uv 2>/dev/null)" "$1/bin/uv" "$HOME/.local/bin/uv" "$HOME/.cargo/bin/uv"; do
+    if [ -n "$c" ] && [ -x "$c" ]; then echo "$c"; exit 0; fi
+done
+exit 1
+'''
+
+# exit 0: some package differs from its pin (install still needed); exit 1: all pinned versions are installed.
+# Any surprise also means "needed": a wrong "done" would skip a real change.
+_NEEDS_VERSIONS = r'''
+import json, sys
+try:
+    import importlib.metadata as md
+    for name, want in json.loads(sys.argv[1]).items():
+        try:
+            have = md.version(name)
+        except md.PackageNotFoundError:
+            sys.exit(0)
+        # pip reports some wheels (torch) without their +cuXXX label: then the public part decides
+        if have != want and not ("+" not in have and have == want.split("+")[0]):
+            sys.exit(0)
+except SystemExit:
+    raise
+except BaseException:
+    sys.exit(0)
+sys.exit(1)
+'''
+
+
+def venv_python(ctx: PlanContext) -> str:
+    return f"{ctx.host.venv}/bin/python"
+
+
+def normalized(version: str) -> str:
+    """The PEP 440 normal form, as installed metadata spells it (`0.6.05` -> `0.6.5`)."""
+    try:
+        return str(Version(version))
+    except InvalidVersion:
+        return version
+
+
+def url_part(url: str) -> Part:
+    """An index URL as a command argument; one carrying credentials is masked in every display."""
+    parts = urlsplit(url)
+    return Secret(url) if parts.username or parts.password else url
+
+
+def find_uv(ctx: PlanContext) -> str | None:
+    """The path of uv on the host, or None (also when there is no probe, as in unit tests)."""
+    if ctx.probe is None:
+        return None
+    result = ctx.probe(Cmd.of("bash", "-c", _FIND_UV, "find-uv", ctx.host.venv), "find uv")
+    lines = result.output.strip().splitlines()
+    return lines[-1].strip() if result.exit_code == 0 and lines else None
+
+
+def installed_packages(ctx: PlanContext, role: str) -> dict[str, str]:
+    """The venv's packages from facts; a role cannot plan without them."""
+    if ctx.facts.packages is None:
+        problems = "; ".join(p for p in ctx.facts.problems if "packages" in p) or "no package list"
+        raise PlanError(ctx.host.name, role, f"the venv's packages could not be read ({problems})")
+    return ctx.facts.packages
+
+
+def has_pip(ctx: PlanContext) -> bool:
+    return "pip" in (ctx.facts.packages or {})
+
+
+def install_cmd(ctx: PlanContext, requirements: list[str], *, index_url: str | None,
+                extra_index_urls: tuple[str, ...] | list[str] = (), pre: bool = False, uv: str | None = None) -> Cmd:
+    """One resolver run installing every requirement (pins or wheel paths): a missing pin changes nothing."""
+    extras = [u for u in dict.fromkeys([*extra_index_urls, *ctx.stack.pip.extra_index_urls]) if u != index_url]
+    trusted = list(dict.fromkeys(ctx.stack.pip.trusted_hosts))
+    python = venv_python(ctx)
+    if uv:
+        argv: list[Part] = [uv, "pip", "install", "--no-config", "--python", python, *requirements]
+        if index_url:
+            argv += ["--index-url", url_part(index_url)]
+        for url in extras:
+            argv += ["--extra-index-url", url_part(url)]
+        for host in trusted:
+            argv += ["--allow-insecure-host", host]
+        if pre:
+            argv += ["--prerelease", "allow"]
+        if extras:
+            # uv's default takes a package only from the first index listing it; pins across indexes need pip's rule
+            argv += ["--index-strategy", "unsafe-best-match"]
+        return Cmd.of(*argv, cwd="/")
+    argv = [python, "-m", "pip", "install", "--progress-bar", "off", *(["--pre"] if pre else []), *requirements]
+    if index_url:
+        argv += ["--index-url", url_part(index_url)]
+    for host in trusted:
+        argv += ["--trusted-host", host]
+    for url in extras:
+        argv += ["--extra-index-url", url_part(url)]
+    # cwd /: `python -m` puts the working directory on sys.path
+    return Cmd.of(*argv, env=PIP_ENV, cwd="/")
+
+
+def needs_versions(ctx: PlanContext, pins: dict[str, str]) -> Cmd:
+    """A `needed` check: exit 0 while any of the pinned distributions differs, exit 1 once all match."""
+    wanted = {name: normalized(version) for name, version in pins.items()}
+    return Cmd.of(venv_python(ctx), "-c", _NEEDS_VERSIONS, json.dumps(wanted, sort_keys=True), cwd="/")

@@ -1,0 +1,101 @@
+"""torch role: the exact nightly from its index in the host's venv, then TORCH_PROBE on the host must agree."""
+
+from __future__ import annotations
+
+import json
+import re
+from urllib.parse import urlsplit
+
+from gpufleet.command import Cmd
+from gpufleet.facts.probe import TORCH_PROBE
+from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
+from gpufleet.status import versions_match
+from roles.pip import (find_uv, has_pip, install_cmd, installed_packages, needs_versions, normalized,
+                       venv_python)
+
+name = "torch"
+
+# Appended to TORCH_PROBE (which leaves its report in `r`): compare with the expectations in argv[1].
+TORCH_PROBLEMS = r'''
+import sys
+def torch_problems(r, want):
+    found = []
+    v = r.get("version") or "?"
+    if v != want["version"] and not ("+" not in want["version"] and v.split("+")[0] == want["version"]):
+        found.append("torch.__version__ is %s, stack.toml wants %s" % (v, want["version"]))
+    if want.get("cuda") and r.get("cuda") != want["cuda"]:
+        found.append("torch.version.cuda is %s, the build label wants CUDA %s" % (r.get("cuda"), want["cuda"]))
+    cap = want.get("cap")
+    if cap and not r.get("cap"):
+        why = r.get("cuda_error") or "torch.cuda.is_available() is False"
+        found.append("torch sees no GPU (%s); the host's GPUs have compute capability %d.%d" % (why, cap[0], cap[1]))
+    elif cap and list(r["cap"]) != list(cap):
+        found.append("torch reports device capability %d.%d, the host's GPUs are %d.%d" % (
+            r["cap"][0], r["cap"][1], cap[0], cap[1]))
+    arch = want.get("arch")
+    archs = r.get("arch_list") or []
+    if arch and not any(a == arch or (a.startswith(arch) and a[len(arch):].isalpha()) for a in archs):
+        found.append("torch's arch list %s lacks %s (the GPUs' arch)" % (" ".join(archs) or "(empty)", arch))
+    return found
+'''
+
+_CHECK_MAIN = r'''
+problems = torch_problems(r, json.loads(sys.argv[1]))
+for p in problems:
+    print("torch verification failed: " + p)
+if problems:
+    sys.exit(1)
+print("torch %s: CUDA %s, capability %d.%d, arch list has %s" % (r["version"], r["cuda"], r["cap"][0], r["cap"][1],
+                                                                   json.loads(sys.argv[1])["arch"]))
+'''
+
+
+def cuda_of(stack) -> str | None:
+    """CUDA version torch is built for: from the local label (cu130 -> 13.0), else the index URL's last segment."""
+    label = normalized(stack.torch.version).partition("+")[2]
+    for text in (label, urlsplit(stack.torch.index_url).path.rstrip("/").rsplit("/", 1)[-1]):
+        match = re.fullmatch(r"cu(\d+)(\d)", text or "")
+        if match:
+            return f"{int(match[1])}.{match[2]}"
+    return None
+
+
+def gpu_capability(ctx: PlanContext) -> str:
+    """The compute capability of the host's GPUs from facts ("12.0"); the inventory's expectation if unreadable."""
+    gpus = ctx.facts.gpus.gpus if ctx.facts.gpus else []
+    caps = sorted({g.compute_capability for g in gpus})
+    if len(caps) > 1:
+        raise PlanError(ctx.host.name, name, f"GPUs of mixed compute capability ({', '.join(caps)}): one torch build "
+                                             f"cannot be checked against all of them")
+    return caps[0] if caps else ctx.host.gpus.compute_capability
+
+
+def expectations(ctx: PlanContext) -> dict:
+    """What torch on the host must report: version, CUDA, device capability, arch in its arch list."""
+    major, minor = (int(p) for p in gpu_capability(ctx).split("."))
+    return {"version": normalized(ctx.stack.torch.version), "cuda": cuda_of(ctx.stack), "cap": [major, minor],
+            "arch": f"sm_{major}{minor}"}
+
+
+def check_cmd(ctx: PlanContext) -> Cmd:
+    """TORCH_PROBE in the venv, then a comparison that names whatever differs (exit 1)."""
+    code = TORCH_PROBE + TORCH_PROBLEMS + _CHECK_MAIN
+    return Cmd.of(venv_python(ctx), "-c", code, json.dumps(expectations(ctx), sort_keys=True), cwd="/")
+
+
+def plan(ctx: PlanContext) -> list[Step | Unchanged]:
+    """Unchanged when the venv's torch is the pinned build; else one install from the stack's index."""
+    want = ctx.stack.torch.version
+    packages = installed_packages(ctx, name)
+    have = packages.get("torch")
+    if versions_match(have, want):
+        return [Unchanged(name, f"torch {have} already installed (stack.toml wants {want})")]
+    uv = find_uv(ctx)
+    if uv is None and not has_pip(ctx):
+        raise PlanError(ctx.host.name, name, f"the venv {ctx.host.venv} has no pip and the host has no uv")
+    had = f"venv has torch {have}" if have else f"torch is not installed in {ctx.host.venv}"
+    cmd = install_cmd(ctx, [f"torch=={want}"], index_url=ctx.stack.torch.index_url, pre=ctx.stack.torch.pre, uv=uv)
+    return [Step(role=name, title=f"install torch {want}",
+                 reason=f"{had}; stack.toml wants {want} (brings its triton and nvidia-* dependencies)",
+                 commands=(cmd,), needed=needs_versions(ctx, {"torch": want}), verify=(check_cmd(ctx),),
+                 changes=("venv",))]

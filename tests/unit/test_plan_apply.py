@@ -1,0 +1,224 @@
+"""The executor against a scripted fake session: order, re-checks, snapshot, lock, audit, failures, dry runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from gpufleet.apply import Upgrade
+from gpufleet.command import Cmd
+from gpufleet.errors import RemoteCommandError
+from gpufleet.facts.model import HostFacts
+from gpufleet.fetch import WheelCache
+from gpufleet.hoststate import RunInfo
+from gpufleet.inventory import Host
+from gpufleet.plan import PlanError, Step, Unchanged, Upload
+from gpufleet.ssh import Result
+from gpufleet.stack import Stack
+
+RUN = RunInfo("alice", "laptop", 42, "2026-12-02T10:00:00Z", "inv upgrade --host gpu1", token="t0k")
+
+
+class FakeSession:
+    """Answers by step name: `answers[step] = (exit code, output)`; anything else exits 0 silently."""
+
+    def __init__(self, answers=None):
+        self.host = Host(name="gpu1", address="10.0.0.1")
+        self.name = "gpu1"
+        self.answers = {"snapshot": (0, "/var/lib/gpufleet/snapshots/20261202T100000Z\n"), "read lock": (1, ""),
+                        **(answers or {})}
+        self.calls: list[tuple[str, Cmd]] = []
+        self.put_files: list[tuple[str, str]] = []
+        self.conn = SimpleNamespace(sftp=lambda: SimpleNamespace(put=lambda a, b: self.put_files.append((a, b))))
+
+    def run(self, cmd, step, check=True, timeout=None, echo=None):
+        self.calls.append((step, cmd))
+        code, out = self.answers.get(step, (0, ""))
+        if echo and out:
+            echo(f"[gpu1] {out}")
+        if check and code != 0:
+            raise RemoteCommandError(self.name, step, cmd.display(), code, out)
+        return Result(self.name, step, cmd.display(), code, out, 0.0)
+
+    @property
+    def steps(self) -> list[str]:
+        return [s for s, _ in self.calls]
+
+    def audit_records(self) -> list[dict]:
+        return [json.loads(cmd.argv[-1]) for s, cmd in self.calls if s == "audit log"]
+
+
+def role(name, *items_per_call):
+    """A fake role: each plan() call returns the next list of items; records the facts it saw."""
+    calls = iter(items_per_call)
+    seen = []
+
+    def plan(ctx):
+        seen.append(ctx.facts.host)
+        return next(calls)
+    return SimpleNamespace(name=name, plan=plan, seen=seen)
+
+
+def step(title, **kw) -> Step:
+    defaults = dict(role="r", title=title, reason=f"because {title}", commands=(Cmd.of("do", title),),
+                    changes=("venv",))
+    return Step(**{**defaults, **kw})
+
+
+def upgrade(roles, dry_run=False, **kw) -> tuple[Upgrade, list[str], list[int]]:
+    lines: list[str] = []
+    reads = [0]
+
+    def read_facts(session):
+        reads[0] += 1
+        return HostFacts(host=f"facts#{reads[0]}")
+    return Upgrade(roles=roles, run=RUN, repo=Path("."), dry_run=dry_run, say=lines.append, read_facts=read_facts,
+                   **kw), lines, reads
+
+
+def test_dry_run_plans_every_role_against_todays_facts_and_touches_nothing():
+    a = role("a", [step("one"), Unchanged("a", "fine")])
+    b = role("b", [step("two")])
+    up, _, reads = upgrade([a, b], dry_run=True)
+    session = FakeSession()
+    report = up.host(session, Stack())
+    assert [e.status for e in report.entries] == ["planned", "unchanged", "planned"]
+    assert a.seen == b.seen == ["facts#1"] and reads == [1]
+    assert session.steps == ["read lock"]  # no lock, needed check, snapshot, command or audit
+    assert report.ok and report.lock_holder is None
+
+
+def test_dry_run_reports_who_holds_the_lock():
+    session = FakeSession({"read lock": (0, "holder=bob@ws\npid=7\n")})
+    up, _, _ = upgrade([role("a", [])], dry_run=True)
+    assert up.host(session, Stack()).lock_holder == "bob@ws (pid 7)"
+
+
+def test_apply_order_lock_check_snapshot_run_verify_reread_audit_unlock():
+    s1 = step("one", needed=Cmd.of("need", "one"), verify=(Cmd.of("check", "one"),))
+    a = role("a", [s1])
+    b = role("b", [Unchanged("b", "fine")])
+    up, lines, reads = upgrade([a, b])
+    session = FakeSession()
+    report = up.host(session, Stack())
+    assert session.steps == ["lock", "one: still needed?", "snapshot", "one", "one: verify", "audit log", "unlock"]
+    assert a.seen == ["facts#1"] and b.seen == ["facts#2"]  # b plans against the host as a left it
+    assert [e.status for e in report.entries] == ["changed", "unchanged"]
+    assert report.snapshot == "/var/lib/gpufleet/snapshots/20261202T100000Z"
+    assert "[gpu1] r: one" in lines
+    [record] = session.audit_records()
+    assert record["who"] == "alice@laptop" and record["outcome"] == "ok" and record["changed"] == ["r: one"]
+    assert record["unchanged"] == ["b: fine"] and record["snapshot"] == report.snapshot
+
+
+def test_needed_saying_done_skips_the_step_without_snapshot_or_reread():
+    a = role("a", [step("one", needed=Cmd.of("need"))])
+    b = role("b", [])
+    up, _, reads = upgrade([a, b])
+    session = FakeSession({"one: still needed?": (1, "")})
+    report = up.host(session, Stack())
+    assert report.entries[0].status == "done-already" and report.snapshot is None
+    assert "one" not in session.steps and "snapshot" not in session.steps
+    assert reads == [1]
+
+
+def test_snapshot_is_taken_once_before_the_first_change():
+    up, _, _ = upgrade([role("a", [step("one"), step("two")])])
+    session = FakeSession()
+    up.host(session, Stack())
+    assert session.steps.count("snapshot") == 1
+    assert session.steps.index("snapshot") < session.steps.index("one")
+
+
+def test_check_only_step_needs_no_snapshot_and_changes_nothing():
+    check = Step(role="verify", title="verify it", reason="r", commands=(), verify=(Cmd.of("check"),))
+    up, _, reads = upgrade([role("verify", [check])])
+    session = FakeSession()
+    report = up.host(session, Stack())
+    assert report.entries[0].status == "verified" and "snapshot" not in session.steps
+    assert session.steps == ["lock", "verify it", "audit log", "unlock"]
+
+
+def test_failed_step_stops_the_host_releases_the_lock_and_says_what_next():
+    a = role("a", [step("one"), step("two")])
+    b = role("b", [step("three")])
+    up, _, _ = upgrade([a, b])
+    session = FakeSession({"one": (1, "ERROR: No matching distribution found for torch==9")})
+    report = up.host(session, Stack())
+    assert report.outcome == "failed" and not report.ok
+    assert "host gpu1: step 'one' failed: `do one` returned exit code 1" in report.error
+    assert "No matching distribution" in report.error
+    assert "run `inv upgrade --host gpu1` again" in report.next_step and "continues at 'one'" in report.next_step
+    assert report.snapshot in report.next_step
+    assert [e.status for e in report.entries] == ["failed"]
+    assert b.seen == [] and "two" not in session.steps
+    assert session.steps[-2:] == ["audit log", "unlock"]
+    [record] = session.audit_records()
+    assert record["outcome"] == "failed" and record["failed"] == {"step": "r: one"}
+
+
+def test_a_needed_check_that_breaks_is_a_failure():
+    up, _, _ = upgrade([role("a", [step("one", needed=Cmd.of("need"))])])
+    report = up.host(FakeSession({"one: still needed?": (127, "python: not found")}), Stack())
+    assert report.outcome == "failed" and "exit code 127" in report.error
+
+
+def test_failure_shows_inline_scripts_abbreviated():
+    long = step("one", commands=(Cmd.of("python", "-c", "import x\nx.y()\n", '{"a": 1}'),))
+    up, _, _ = upgrade([role("a", [long])])
+    report = up.host(FakeSession({"one": (1, "boom")}), Stack())
+    assert "`python -c <script, 2 lines> '{\"a\": 1}'` returned exit code 1" in report.error
+
+
+def test_locked_host_is_refused_naming_the_holder():
+    a = role("a", [step("one")])
+    up, _, reads = upgrade([a])
+    holder = "holder=bob@ws\npid=7\nstarted=2026-12-02T09:00:00Z\ncommand=inv upgrade --hosts all\ntoken=x\n"
+    session = FakeSession({"lock": (3, holder)})
+    report = up.host(session, Stack())
+    assert report.outcome == "locked"
+    assert ("host gpu1 is locked by bob@ws (pid 7, since 2026-12-02T09:00:00Z, running `inv upgrade --hosts all`)"
+            in report.error)
+    assert "/var/lib/gpufleet/lock" in report.next_step
+    assert reads == [0] and a.seen == [] and "unlock" not in session.steps
+    assert session.audit_records()[0]["outcome"] == "locked"
+
+
+def test_plan_error_fails_the_host_and_releases_the_lock():
+    def plan(ctx):
+        raise PlanError("gpu1", "a", "no package list")
+    up, _, _ = upgrade([SimpleNamespace(name="a", plan=plan)])
+    session = FakeSession()
+    report = up.host(session, Stack())
+    assert report.outcome == "failed" and "role a cannot plan: no package list" in report.error
+    assert session.steps[-1] == "unlock"
+
+
+def test_upload_skips_a_wheel_already_on_the_host(tmp_path):
+    wheel = tmp_path / "w-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"wheel")
+    sha = hashlib.sha256(b"wheel").hexdigest()
+    up_item = Upload(wheel.as_uri(), sha, "/var/cache/gpufleet/wheels/w-1.0-py3-none-any.whl")
+    s = step("one", uploads=(up_item,))
+    upgrade_run, _, _ = upgrade([role("a", [s])], wheels=WheelCache(tmp_path / "cache"))
+    session = FakeSession({"one: upload w-1.0-py3-none-any.whl: on the host?": (0, f"{sha}  -\n")})
+    upgrade_run.host(session, Stack())
+    assert session.put_files == []
+
+    upgrade_run, _, _ = upgrade([role("a", [s])], wheels=WheelCache(tmp_path / "cache"))
+    session = FakeSession({"one: upload w-1.0-py3-none-any.whl: on the host?": (1, "")})
+    report = upgrade_run.host(session, Stack())
+    assert report.ok, report.error
+    assert session.put_files == [(str(wheel), up_item.remote + ".part")]
+
+
+def test_report_json_shape():
+    up, _, _ = upgrade([role("a", [step("one"), Unchanged("a", "fine")])])
+    data = up.host(FakeSession(), Stack()).to_json()
+    assert data["host"] == "gpu1" and data["outcome"] == "ok" and data["changed"] == ["r: one"]
+    assert data["entries"][0]["kind"] == "step" and data["entries"][0]["status"] == "changed"
+    assert data["entries"][0]["commands"] == ["do one"]
+    assert data["entries"][1] == {"kind": "unchanged", "role": "a", "reason": "fine", "status": "unchanged",
+                                  "seconds": 0.0}

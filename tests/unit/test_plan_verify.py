@@ -1,0 +1,106 @@
+"""The verify role: its plan with and without a probe, and its check run here against the stand-in stack."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from gpufleet.facts.model import HostFacts
+from gpufleet.inventory import Host
+from gpufleet.plan import PlanContext, Step, Unchanged
+from gpufleet.sim import wheels
+from gpufleet.ssh import Result
+from gpufleet.stack import Stack
+from roles import verify
+
+TARGET = wheels.TARGET
+
+
+def ctx(probe=None) -> PlanContext:
+    return PlanContext(host=Host(name="gpu1", address="10.0.0.1"), stack=Stack(),
+                       facts=HostFacts(host="gpu1", packages={}), probe=probe, repo=Path("."))
+
+
+def test_without_probe_a_check_step_is_planned():
+    [item] = verify.plan(ctx())
+    assert isinstance(item, Step) and item.commands == () and len(item.verify) == 1
+    assert item.changes == ()
+
+
+def test_passing_check_is_unchanged_with_its_summary():
+    def probe(cmd, step):
+        return Result("gpu1", step, "", 0, "torch 2.12 ... import together\n", 0.0)
+    assert verify.plan(ctx(probe)) == [Unchanged("verify", "torch 2.12 ... import together")]
+
+
+def test_failing_check_plans_a_step_saying_what_is_wrong_now():
+    def probe(cmd, step):
+        return Result("gpu1", step, "", 1, "noise\nstack problem: a is 1\nstack problem: b is 2\n", 0.0)
+    [item] = verify.plan(ctx(probe))
+    assert isinstance(item, Step) and item.reason == "now: a is 1; b is 2"
+
+
+# --- the check itself, against stand-in packages -------------------------------------------------------------------
+
+def _install(site: Path, name: str, version: str, package: str, subs: dict) -> None:
+    for rel, text in wheels.package_files(package, subs).items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    info = site / f"{wheels.dist_name(name)}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def stack_site(tmp_path: Path, *, torch: str = TARGET["torch"], kernel_torch: str = TARGET["torch"],
+               fp4: bool = True, cubin: str = "0.6.5") -> dict:
+    site = tmp_path / "site"
+    _install(site, "torch", torch, "torch", {"VERSION": torch, "CUDA": "13.0", "GIT_VERSION": "0",
+                                             "ARCH_LIST": ",".join(wheels.ARCH_LIST)})
+    _install(site, "flashinfer-python", "0.6.5", "flashinfer", {"VERSION": "0.6.5", "GIT_VERSION": "0"})
+    _install(site, "flashinfer-cubin", cubin, "flashinfer_cubin", {"VERSION": cubin})
+    _install(site, "flashinfer-jit-cache", "0.6.5+cu130", "flashinfer_jit_cache", {"VERSION": "0.6.5+cu130"})
+    info = {**wheels.sgl_kernel_build_info("0.3.16", kernel_torch), "fp4": fp4}
+    _install(site, "sgl-kernel", "0.3.16", "sgl_kernel", {"VERSION": "0.3.16", "BUILD_INFO": json.dumps(info)})
+    gpus = tmp_path / "gpus.json"
+    gpus.write_text(json.dumps({"count": 8, "compute_cap": "12.0", "fail": None}))
+    return {"PYTHONPATH": str(site), "GPUFLEET_SIM_GPUS": str(gpus), "PATH": "/usr/bin:/bin"}
+
+
+def run_check(env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    _, dash_c, code, arg = verify.check_cmd(ctx()).argv
+    return subprocess.run([sys.executable, dash_c, code, arg], env=env, cwd=cwd, capture_output=True, text=True)
+
+
+def test_target_stack_imports_together(tmp_path):
+    proc = run_check(stack_site(tmp_path), tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == (
+        f"torch {TARGET['torch']} (CUDA 13.0, cc 12.0, sm_120), flashinfer-python 0.6.5, flashinfer-cubin 0.6.5, "
+        "flashinfer-jit-cache 0.6.5+cu130, sgl-kernel 0.3.16 with FP4 ops import together")
+
+
+def test_sgl_kernel_built_for_another_torch_is_named_with_both_versions(tmp_path):
+    proc = run_check(stack_site(tmp_path, kernel_torch="2.9.1+cu130"), tmp_path)
+    assert proc.returncode == 1
+    line = next(x for x in proc.stdout.splitlines() if "sgl_kernel" in x)
+    assert line.startswith(f"stack problem: import sgl_kernel failed (sgl-kernel 0.3.16 with torch {TARGET['torch']})")
+    assert "rebuild it for this torch" in line
+
+
+def test_old_torch_and_mismatched_flashinfer_are_each_named(tmp_path):
+    proc = run_check(stack_site(tmp_path, torch="2.9.1+cu130", kernel_torch="2.9.1+cu130", cubin="0.6.4"), tmp_path)
+    problems = [x for x in proc.stdout.splitlines() if x.startswith("stack problem: ")]
+    assert proc.returncode == 1
+    assert any("flashinfer-cubin is 0.6.4, stack.toml wants 0.6.5" in p for p in problems)
+    assert any(p.startswith("stack problem: import flashinfer failed (flashinfer-python 0.6.5, flashinfer-cubin 0.6.4")
+               for p in problems)
+    assert any(f"torch.__version__ is 2.9.1+cu130, stack.toml wants {TARGET['torch']}" in p for p in problems)
+
+
+def test_missing_fp4_ops_are_listed(tmp_path):
+    proc = run_check(stack_site(tmp_path, fp4=False), tmp_path)
+    assert proc.returncode == 1
+    assert ("stack problem: sgl-kernel 0.3.16 lacks FP4 ops: cutlass_scaled_fp4_mm, scaled_fp4_quant, "
+            "scaled_fp4_experts_quant, cutlass_fp4_group_mm") in proc.stdout

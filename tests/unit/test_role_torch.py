@@ -1,0 +1,210 @@
+"""The torch planner with fake facts (no SSH), and its on-host check run here against the stand-in torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpufleet.errors import GpufleetError
+from gpufleet.facts.gpu import Gpu, GpuFacts
+from gpufleet.facts.model import HostFacts
+from gpufleet.inventory import Host
+from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
+from gpufleet.sim import wheels
+from gpufleet.ssh import Result
+from gpufleet.stack import Stack, stack_for_host
+from roles import torch
+
+TARGET = "2.12.0.dev20260307+cu130"
+IDX = "http://10.0.0.1:8765/simple"
+OLD_PACKAGES = {"torch": "2.9.1+cu130", "pip": "24.0", "flashinfer-python": "0.6.4"}
+
+
+def gpus(cap: str = "12.0", count: int = 8) -> GpuFacts:
+    return GpuFacts(gpus=[Gpu(index=i, name="NVIDIA RTX PRO 6000 Blackwell Server Edition", compute_capability=cap,
+                              memory_total_mib=97887) for i in range(count)], driver_version="580.95.05",
+                    cuda_version="13.0")
+
+
+def ctx(packages=OLD_PACKAGES, *, facts_gpus=None, stack=None, probe=None) -> PlanContext:
+    facts = HostFacts(host="gpu1", gpus=facts_gpus if facts_gpus is not None else gpus(), packages=packages)
+    return PlanContext(host=Host(name="gpu1", address="10.0.0.1"), stack=stack or Stack(), facts=facts, probe=probe,
+                       repo=Path("."))
+
+
+def overridden(**torch_fields) -> Stack:
+    over = {"torch": torch_fields, "pip": {"trusted_hosts": ["10.0.0.1"], "extra_index_urls": [IDX + "/extra"]}}
+    return stack_for_host(Stack(), over, source="hosts.toml", host="gpu1")
+
+
+def fake_probe(answers: dict[str, tuple[int, str]]):
+    """A probe answering by step name; records what was asked."""
+    asked = []
+
+    def probe(cmd, step):
+        asked.append(step)
+        code, out = answers.get(step, (1, ""))
+        return Result("gpu1", step, cmd.display(), code, out, 0.0)
+
+    probe.asked = asked
+    return probe
+
+
+def test_installed_target_is_unchanged_with_reason():
+    [item] = torch.plan(ctx({**OLD_PACKAGES, "torch": TARGET}))
+    assert item == Unchanged("torch", f"torch {TARGET} already installed (stack.toml wants {TARGET})")
+
+
+def test_pip_freeze_form_without_local_label_counts_as_installed():
+    stack = overridden(version="2.11.0+cu130")
+    [item] = torch.plan(ctx({**OLD_PACKAGES, "torch": "2.11.0"}, stack=stack))
+    assert isinstance(item, Unchanged)
+
+
+def test_old_torch_gives_one_install_step_with_reason():
+    [step] = torch.plan(ctx())
+    assert isinstance(step, Step)
+    assert step.role == "torch" and step.title == f"install torch {TARGET}"
+    assert step.reason.startswith(f"venv has torch 2.9.1+cu130; stack.toml wants {TARGET}")
+    assert step.changes == ("venv",)
+    assert step.commands[0].render() == (
+        "cd / && env PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 "
+        f"/root/venv/bin/python -m pip install --progress-bar off --pre torch=={TARGET} "
+        "--index-url https://download.pytorch.org/whl/nightly/cu130")
+
+
+def test_pip_command_has_trusted_hosts_and_extra_indexes():
+    stack = overridden(index_url=IDX)
+    [step] = torch.plan(ctx(stack=stack))
+    argv = step.commands[0].argv
+    assert argv[argv.index("--index-url") + 1] == IDX
+    assert argv[argv.index("--trusted-host") + 1] == "10.0.0.1"
+    assert argv[argv.index("--extra-index-url") + 1] == IDX + "/extra"
+
+
+def test_no_pre_flag_when_stack_says_so():
+    [step] = torch.plan(ctx(stack=overridden(pre=False)))
+    assert "--pre" not in step.commands[0].argv
+
+
+def test_uv_on_the_host_is_used_with_the_venv_python():
+    probe = fake_probe({"find uv": (0, "/usr/local/bin/uv\n")})
+    [step] = torch.plan(ctx(stack=overridden(index_url=IDX), probe=probe))
+    argv = list(step.commands[0].argv)
+    assert argv[:6] == ["/usr/local/bin/uv", "pip", "install", "--no-config", "--python", "/root/venv/bin/python"]
+    assert f"torch=={TARGET}" in argv and "--allow-insecure-host" in argv
+    assert argv[argv.index("--prerelease") + 1] == "allow"
+    assert probe.asked == ["find uv"]
+
+
+def test_missing_torch_is_installed():
+    [step] = torch.plan(ctx({"pip": "24.0"}))
+    assert step.reason.startswith("torch is not installed in /root/venv")
+
+
+def test_no_pip_and_no_uv_is_a_plan_error():
+    with pytest.raises(PlanError, match="no pip and the host has no uv"):
+        torch.plan(ctx({"torch": "2.9.1+cu130"}))
+
+
+def test_unreadable_packages_is_a_plan_error():
+    with pytest.raises(PlanError, match="gpu1.*torch.*packages could not be read"):
+        torch.plan(ctx(None))
+
+
+def test_credentials_in_index_url_are_masked():
+    stack = overridden(index_url="https://bob:s3cret@mirror.example/simple")
+    [step] = torch.plan(ctx(stack=stack))
+    assert "s3cret" not in step.commands[0].display()
+    assert "s3cret" in step.commands[0].render()
+
+
+@pytest.mark.parametrize("version, index, cuda", [
+    (TARGET, "https://download.pytorch.org/whl/nightly/cu130", "13.0"),
+    ("2.8.0+cu128", "https://x.example/whl/cu126", "12.8"),
+    ("2.8.0", "https://download.pytorch.org/whl/nightly/cu126", "12.6"),
+    ("2.8.0", "https://pypi.org/simple", None),
+])
+def test_cuda_from_local_label_then_index(version, index, cuda):
+    assert torch.cuda_of(overridden(version=version, index_url=index)) == cuda
+
+
+def test_expectations_follow_the_hosts_gpus():
+    assert torch.expectations(ctx()) == {"version": TARGET, "cuda": "13.0", "cap": [12, 0], "arch": "sm_120"}
+    assert torch.expectations(ctx(facts_gpus=gpus("9.0")))["arch"] == "sm_90"
+    # unreadable GPUs: the inventory's expectation (12.0 by default)
+    no_gpus = ctx()
+    no_gpus.facts = HostFacts(host="gpu1", packages=OLD_PACKAGES)
+    assert torch.expectations(no_gpus)["cap"] == [12, 0]
+
+
+def test_mixed_gpus_is_a_plan_error():
+    mixed = gpus()
+    mixed.gpus[3] = mixed.gpus[3].model_copy(update={"compute_capability": "9.0"})
+    with pytest.raises(PlanError, match="mixed compute capability"):
+        torch.plan(ctx(facts_gpus=mixed))
+
+
+def test_plan_error_is_a_gpufleet_error():
+    assert issubclass(PlanError, GpufleetError)
+
+
+# --- the on-host check, run here against the simulated stand-in torch ---------------------------------------------
+
+def _stand_in_torch(tmp_path: Path, version: str, cap: str = "12.0", archs=None) -> dict[str, str]:
+    subs = {"VERSION": version, "CUDA": "13.0", "GIT_VERSION": "0" * 40,
+            "ARCH_LIST": ",".join(archs or wheels.ARCH_LIST)}
+    for rel, text in wheels.package_files("torch", subs).items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    gpus_json = tmp_path / "gpus.json"
+    gpus_json.write_text(json.dumps({"count": 8, "compute_cap": cap, "name": "sim", "fail": None}))
+    return {"PYTHONPATH": str(tmp_path), "GPUFLEET_SIM_GPUS": str(gpus_json), "PATH": "/usr/bin:/bin"}
+
+
+def _run_check(cmd, env, cwd) -> subprocess.CompletedProcess:
+    _, dash_c, code, arg = cmd.argv  # venv python here is this interpreter
+    return subprocess.run([sys.executable, dash_c, code, arg], env=env, cwd=cwd, capture_output=True, text=True)
+
+
+def test_check_passes_for_the_target_build(tmp_path):
+    proc = _run_check(torch.check_cmd(ctx()), _stand_in_torch(tmp_path, TARGET), tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == f"torch {TARGET}: CUDA 13.0, capability 12.0, arch list has sm_120"
+
+
+def test_check_names_every_difference(tmp_path):
+    env = _stand_in_torch(tmp_path, "2.9.1+cu130", cap="9.0", archs=["sm_80", "sm_90"])
+    proc = _run_check(torch.check_cmd(ctx()), env, tmp_path)
+    assert proc.returncode == 1
+    out = proc.stdout
+    assert f"torch.__version__ is 2.9.1+cu130, stack.toml wants {TARGET}" in out
+    assert "torch reports device capability 9.0, the host's GPUs are 12.0" in out
+    assert "torch's arch list sm_80 sm_90 lacks sm_120" in out
+
+
+def test_check_says_when_torch_sees_no_gpu(tmp_path):
+    env = _stand_in_torch(tmp_path, TARGET)
+    Path(env["GPUFLEET_SIM_GPUS"]).write_text(json.dumps({"fail": "driver"}))
+    proc = _run_check(torch.check_cmd(ctx()), env, tmp_path)
+    assert proc.returncode == 1 and "torch sees no GPU" in proc.stdout and "12.0" in proc.stdout
+
+
+def test_needed_check_exit_codes(tmp_path):
+    [step] = torch.plan(ctx())
+    _, dash_c, code, pins = step.needed.argv
+    site = tmp_path / "site"
+    (site / f"torch-{TARGET}.dist-info").mkdir(parents=True)
+    (site / f"torch-{TARGET}.dist-info/METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {TARGET}\n")
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-I", "-c", code, pins], env=env, capture_output=True)
+    # -I ignores PYTHONPATH, so this interpreter has no torch at all: still needed
+    assert done.returncode == 0
+    done = subprocess.run([sys.executable, "-c", code, pins], env=env, capture_output=True, cwd=tmp_path)
+    assert done.returncode == 1
+    other = json.dumps({"torch": "2.13.0"})
+    assert subprocess.run([sys.executable, "-c", code, other], env=env, capture_output=True).returncode == 0
