@@ -38,6 +38,16 @@ def status(c, host=None, hosts=None, inventory=None, stack=None, json=False, acc
     _exit(cli.status(inventory, stack, host, hosts, json, accept_new_host_keys))
 
 
+@fleet_task(help={**_COMMON,
+                  "fetch": "git fetch origin first (default); --no-fetch judges against origin as last fetched"})
+@cli.user_errors
+def patches(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False, fetch=True):
+    """Each patch of patches/sglang and patches/sgl-kernel on each host: applied, will apply, upstreamed, conflicts."""
+    from gpufleet import cli_patches
+
+    _exit(cli_patches.patches(inventory, stack, host, hosts, json, accept_new_host_keys, fetch))
+
+
 @fleet_task(help={**_COMMON, "dry-run": "print each host's plan (steps with reasons, what stays) and change nothing"})
 @cli.user_errors
 def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False,
@@ -77,4 +87,5 @@ def sim_status(c, json=False):
 
 
 ns = Collection(facts, status, upgrade)
+ns.add_task(patches)
 ns.add_collection(Collection("sim", sim_up, sim_down, sim_status))

@@ -1,0 +1,326 @@
+"""Patch series: loading, the shipped patches against the simulated upstream tree, and each status judged for real."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpufleet.command import Cmd
+from gpufleet.errors import ConfigError
+from gpufleet.sim import upstream as up
+from gpufleet.stack import Stack
+from roles import patches as pm
+
+REPO = Path(__file__).resolve().parents[2]
+TREE = up.TREE
+SIZES = (TREE / up.SIZES_FILE).read_text()
+SYMM = (TREE / up.SYMM_MEM_FILE).read_text()
+CMAKE = (TREE / "sgl-kernel/CMakeLists.txt").read_text()
+S1, S2 = "0001-symm-mem-all-reduce-sizes-sm120.patch", "0002-symm-mem-multimem-world-sizes-sm120.patch"
+K1, K2, K3 = "0001-cuda13-cccl-include.patch", "0002-cmake-policy-guards.patch", "0003-fa3-fallback.patch"
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null"}
+    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True, env=env)
+    return proc.stdout.rstrip("\n")
+
+
+def bash(cmd: Cmd) -> subprocess.CompletedProcess:
+    """Run a built command locally, exactly as the host's shell would get it."""
+    return subprocess.run(cmd.render(), shell=True, executable="/bin/bash", capture_output=True, text=True,
+                          env={**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null"})
+
+
+@pytest.fixture(scope="module")
+def shipped() -> list[pm.Series]:
+    return pm.stack_series(Stack(), REPO)
+
+
+@pytest.fixture
+def fleet_repo(tmp_path):
+    """A bare upstream (the simulated sglang tree) and a checkout with the hosts' two local SM120 edits."""
+    bare, co = tmp_path / "up.git", tmp_path / "co"
+    up.build_upstream(bare)
+    up.clone_with_local_edits(bare, co)
+    return bare, co
+
+
+def judge(co: Path, series, fetch=True) -> pm.HostPatches:
+    proc = bash(pm.status_command(str(co), "main", series, fetch))
+    assert proc.returncode == 0, proc.stderr
+    return pm.decide("h", proc.stdout, series)
+
+
+def statuses(found: pm.HostPatches) -> dict[str, str]:
+    return {f"{p.series}/{p.patch}": p.status for p in found.patches}
+
+
+# ---- the series files ----------------------------------------------------------------------------------------------
+def test_shipped_series_load_in_order_with_effects(shipped):
+    sglang, kernel = shipped
+    assert [p.name for p in sglang.patches] == [S1, S2]
+    assert [p.name for p in kernel.patches] == [K1, K2, K3]
+    assert sglang.roots == ("",) and kernel.roots == pm.KERNEL_ROOTS
+    assert sglang.patches[0].effect == pm.Effect("TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES", 12)
+    assert sglang.patches[1].effect == pm.Effect("_WORLD_SIZES_MULTIMEM", 12)
+    assert sglang.patches[0].files[0].path == up.SIZES_FILE
+    assert kernel.patches[2].files[1] == pm.FileDiff(None, "csrc/flash_extension_stub.cc", ((0, "@@ -0,0 +1,2 @@"),))
+    assert kernel.patches[2].probe_path == "CMakeLists.txt"
+
+
+def test_shipped_sglang_patches_are_exactly_the_hosts_local_edits(tmp_path, shipped):
+    work = tmp_path / "sglang"
+    up.copy_tree(work)
+    for patch in shipped[0].patches:
+        (tmp_path / patch.name).write_text(patch.text)
+        subprocess.run(["git", "apply", "--unsafe-paths", str(tmp_path / patch.name)], cwd=work, check=True)
+    assert (work / up.SIZES_FILE).read_text() == up.add_sizes_entry(SIZES)
+    assert (work / up.SYMM_MEM_FILE).read_text() == up.add_multimem_entry(SYMM)
+
+
+def test_shipped_kernel_patches_apply_in_order_to_the_simulated_tree(tmp_path, shipped):
+    work = tmp_path / "sglang"
+    up.copy_tree(work)
+    for patch in shipped[1].patches:
+        (tmp_path / patch.name).write_text(patch.text)
+        subprocess.run(["git", "apply", "--directory=sgl-kernel", str(tmp_path / patch.name)], cwd=work, check=True)
+    cmake = (work / "sgl-kernel/CMakeLists.txt").read_text()
+    assert "if(POLICY CMP0177)\n  cmake_policy(SET CMP0177 NEW)\nendif()" in cmake
+    assert 'include_directories(BEFORE "${CUDA_TOOLKIT_ROOT_DIR}/include/cccl")' in cmake
+    assert "csrc/flash_extension_stub.cc" in cmake
+    assert "return 0;" in (work / "sgl-kernel/csrc/flash_extension_stub.cc").read_text()
+
+
+def test_parse_diff_reads_headers_only_outside_hunks():
+    text = ("Subject: x\n--- not a header\n\ndiff --git a/q.sql b/q.sql\n--- a/q.sql\n+++ b/q.sql\n"
+            "@@ -1,2 +1,1 @@ top\n--- a comment line removed\n keep\n"
+            "diff --git a/new.txt b/new.txt\nnew file mode 100644\n--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1 @@\n+x\n")
+    assert pm.parse_diff(text) == (pm.FileDiff("q.sql", "q.sql", ((1, "@@ -1,2 +1,1 @@ top"),)),
+                                   pm.FileDiff(None, "new.txt", ((0, "@@ -0,0 +1 @@"),)))
+
+
+def test_series_comments_options_and_errors(tmp_path):
+    d = tmp_path / "p"
+    d.mkdir()
+    (d / "a.patch").write_text((REPO / "patches/sglang" / S1).read_text())
+    (d / "series").write_text("# header\n\n a.patch   effect=has-key:T:12  # why\n")
+    s = pm.load_series("x", d)
+    assert [(p.name, p.effect) for p in s.patches] == [("a.patch", pm.Effect("T", 12))]
+    assert pm.load_series("x", tmp_path / "absent").patches == ()
+    for line, words in (("b.patch", "not found"), ("a.patch bogus=1", "unknown option"),
+                        ("../a.patch", "plain file name"), ("a.patch effect=has:T", "has-key:NAME:KEY")):
+        (d / "series").write_text(line + "\n")
+        with pytest.raises(ConfigError, match=words) as exc:
+            pm.load_series("x", d)
+        assert f"{d / 'series'}:1" in str(exc.value)
+
+
+def test_stack_series_paths_resolve_against_the_repo(tmp_path):
+    stack = Stack.model_validate({"sglang": {"patches": "mine"}})
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "series").write_text("")
+    sglang, kernel = pm.stack_series(stack, tmp_path)
+    assert sglang.path == tmp_path / "mine" and kernel.path == tmp_path / "patches/sgl-kernel"
+
+
+# ---- pure logic ----------------------------------------------------------------------------------------------------
+def test_effect_holds_finds_every_definition_of_the_table():
+    eff = pm.Effect("TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES", 12)
+    assert pm.effect_holds(eff, {"a.py": up.add_sizes_entry(SIZES)}) == (True, "")
+    ok, why = pm.effect_holds(eff, {"a.py": SIZES})
+    assert not ok and "a.py:3 has no key 12" in why
+    # Upstream defines the table in a second file too: both must carry the key.
+    moved = "X = 1\nTORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES = {9: {}, 10: {}}\n"
+    ok, why = pm.effect_holds(eff, {"a.py": up.add_sizes_entry(SIZES), "b.py": moved})
+    assert not ok and "b.py:2" in why
+    assert pm.effect_holds(eff, {"a.py": "<<<<<<< ours\n"}) == (False,
+                                                                "no dict TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES found")
+    assert pm.effect_holds(pm.Effect("_WORLD_SIZES_MULTIMEM", 12), {"t.py": up.add_multimem_entry(SYMM)})[0]
+
+
+def test_failed_hunks_name_the_hunk_from_git_apply_output(shipped):
+    patch = shipped[0].patches[0]
+    j = pm.Judgement("wt", "sglang", patch.name, False, False, "",
+                     errors=[f"error: patch failed: {up.SIZES_FILE}:13",
+                             f"error: {up.SIZES_FILE}: patch does not apply"])
+    assert pm.failed_hunks(patch, j) == (f"{up.SIZES_FILE}:13 (hunk @@ -13,4 +13,10 @@ "
+                                         "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES = {)")
+    kernel = shipped[1].patches[1]
+    j = pm.Judgement("wt", "sgl-kernel", kernel.name, False, False, "sgl-kernel",
+                     errors=["error: sgl-kernel/CMakeLists.txt: No such file or directory"])
+    assert pm.failed_hunks(kernel, j) == "CMakeLists.txt: missing"
+
+
+def test_status_script_quotes_patch_text_exactly(shipped):
+    text = pm.status_script("/root/sglang main", "main", shipped)
+    assert "co='/root/sglang main'" in text and "ref=refs/remotes/origin/main" in text
+    assert pm.MAX_SCRIPT_BYTES > len(text.encode())
+    big = pm.Series("x", Path("/p"), patches=(pm.Patch("a", "x" * pm.MAX_SCRIPT_BYTES, (pm.FileDiff("f", "f"),)),))
+    with pytest.raises(ConfigError, match="too large"):
+        pm.status_script("/c", "main", [big])
+
+
+# ---- judged for real, on local repositories ------------------------------------------------------------------------
+def test_host_edits_are_applied_kernel_patches_will_apply(fleet_repo, shipped):
+    bare, co = fleet_repo
+    found = judge(co, shipped)
+    assert found.head == git(co, "rev-parse", "HEAD") and found.upstream == found.head and not found.fetch_error
+    assert statuses(found) == {f"sglang/{S1}": "applied", f"sglang/{S2}": "applied", f"sgl-kernel/{K1}": "will apply",
+                               f"sgl-kernel/{K2}": "will apply", f"sgl-kernel/{K3}": "will apply"}
+    assert git(co, "status", "--porcelain").splitlines() == [f" M {up.SIZES_FILE}", f" M {up.SYMM_MEM_FILE}"]
+
+
+def test_upstream_commit_with_the_entry_makes_it_upstreamed(fleet_repo, shipped):
+    bare, co = fleet_repo
+    sha = up.add_upstream_commit(bare, {up.SIZES_FILE: up.add_sizes_entry(SIZES)}, "Add SM120 symm-mem sizes")
+    found = judge(co, shipped)
+    assert found.upstream == sha
+    st = found.status("sglang", S1)
+    assert (st.status, st.checkout, st.upstream) == ("upstreamed", "applied", "applied")
+    assert "retire" in st.detail
+    assert found.status("sglang", S2).status == "applied"
+
+
+def test_upstream_entry_with_other_values_is_still_upstreamed(fleet_repo, shipped):
+    bare, co = fleet_repo
+    other = up.add_sizes_entry(SIZES).replace("    12: {\n        2: 64", "    12: {\n        2: 32")
+    up.add_upstream_commit(bare, {up.SIZES_FILE: other}, "SM120 sizes, upstream's way")
+    st = judge(co, shipped).status("sglang", S1)
+    assert st.status == "upstreamed" and "differs from the patch text" in st.detail
+
+
+def test_conflict_names_the_failing_hunk(fleet_repo, shipped):
+    bare, co = fleet_repo
+    git(co, "checkout", "-q", ".")
+    (co / up.SIZES_FILE).write_text(SIZES.replace("    },\n}", "    },\n    11: {},\n}"))
+    st = judge(co, shipped).status("sglang", S1)
+    assert st.status == "conflicts"
+    assert st.detail.startswith(f"{up.SIZES_FILE}:13 (hunk @@ -13,4 +13,10 @@")
+
+
+def test_upstream_moving_the_table_is_no_effect_and_shown_before_the_pull(tmp_path, shipped):
+    bare, co = tmp_path / "up.git", tmp_path / "co"
+    up.build_upstream(bare)
+    git(tmp_path, "clone", "-q", str(bare), str(co))
+    moved = SYMM.replace("from sglang.srt.distributed.device_communicators.all_reduce_utils import (\n"
+                         "    TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES,\n)\n",
+                         "MiB = 1024 * 1024\nTORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES = {\n    9: {2: 64 * MiB},\n}\n")
+    up.add_upstream_commit(bare, {up.SYMM_MEM_FILE: moved}, "Move the size table")
+    found = judge(co, shipped)
+    st = found.status("sglang", S1)
+    assert (st.status, st.upstream) == ("will apply", "no effect")
+    assert "torch_symm_mem.py:4 has no key 12" in st.detail
+    git(co, "merge", "-q", "--ff-only", "origin/main")
+    st = judge(co, shipped).status("sglang", S1)
+    assert st.status == "no effect" and "afterwards" in st.detail
+
+
+def test_kernel_patches_follow_the_kernel_directory_upstream_moved(fleet_repo, shipped):
+    bare, co = fleet_repo
+    files = {f"sgl-kernel/{p.relative_to(TREE / 'sgl-kernel')}": None
+             for p in (TREE / "sgl-kernel").rglob("*") if p.is_file()}
+    files.update({k.replace("sgl-kernel/", "python/sglang/kernels/aot/", 1): (TREE / k).read_text() for k in files})
+    up.add_upstream_commit(bare, files, "Move sgl-kernel")
+    proc = bash(pm.status_command(str(co), "main", shipped))
+    roots = set(re.findall(r"@@judge up sgl-kernel \S+ fwd=0 rev=1 root=(\S+)", proc.stdout))
+    assert roots == {"python/sglang/kernels/aot"}
+    git(co, "checkout", "-q", ".")
+    (co / up.SIZES_FILE).write_text(SIZES)
+    assert set(statuses(pm.decide("h", proc.stdout, shipped)).values()) >= {"will apply"}
+
+
+def test_kernel_fix_upstreamed_verbatim(fleet_repo, shipped):
+    bare, co = fleet_repo
+    guarded = CMAKE.replace("cmake_policy(SET CMP0177 NEW)",
+                            "if(POLICY CMP0177)\n  cmake_policy(SET CMP0177 NEW)\nendif()")
+    up.add_upstream_commit(bare, {"sgl-kernel/CMakeLists.txt": guarded}, "Guard CMP0177")
+    found = judge(co, shipped)
+    assert found.status("sgl-kernel", K2).status == "upstreamed"
+    assert found.status("sgl-kernel", K1).status == "will apply"
+
+
+def test_without_fetch_upstream_is_the_last_fetched_ref(fleet_repo, shipped):
+    bare, co = fleet_repo
+    before = git(co, "rev-parse", "origin/main")
+    up.add_upstream_commit(bare, {up.SIZES_FILE: up.add_sizes_entry(SIZES)}, "upstream moves")
+    found = judge(co, shipped, fetch=False)
+    assert found.upstream == before and found.status("sglang", S1).status == "applied"
+
+
+def test_fetch_failure_is_reported_and_judging_goes_on(fleet_repo, shipped):
+    bare, co = fleet_repo
+    git(co, "remote", "set-url", "origin", str(bare.parent / "gone.git"))
+    found = judge(co, shipped)
+    assert found.fetch_error and found.upstream and found.status("sglang", S1).status == "applied"
+
+
+def test_not_a_checkout_is_an_error_not_a_crash(tmp_path, shipped):
+    found = judge(tmp_path, shipped)
+    assert found.error == f"{tmp_path} is not a git checkout" and found.patches == []
+
+
+# ---- applying for roles --------------------------------------------------------------------------------------------
+def test_apply_skips_applied_applies_missing_and_is_idempotent(fleet_repo, shipped):
+    bare, co = fleet_repo
+    git(co, "checkout", "-q", "--", up.SYMM_MEM_FILE)
+    assert bash(pm.missing_command(str(co), shipped[0])).returncode == 0
+    assert bash(pm.applied_command(str(co), shipped[0])).returncode == 1
+    proc = bash(pm.apply_command(str(co), shipped[0]))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"gpufleet: {S1} already applied" in proc.stdout and f"gpufleet: applied {S2}" in proc.stdout
+    assert (co / up.SYMM_MEM_FILE).read_text() == up.add_multimem_entry(SYMM)
+    assert bash(pm.missing_command(str(co), shipped[0])).returncode == 1
+    assert bash(pm.applied_command(str(co), shipped[0])).returncode == 0
+    again = bash(pm.apply_command(str(co), shipped[0]))
+    assert again.returncode == 0 and "applied 0" not in again.stdout and again.stdout.count("already applied") == 2
+
+
+def test_apply_kernel_series_uses_the_kernel_directory(fleet_repo, shipped):
+    bare, co = fleet_repo
+    proc = bash(pm.apply_command(str(co), shipped[1]))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "if(POLICY CMP0177)" in (co / "sgl-kernel/CMakeLists.txt").read_text()
+    assert (co / "sgl-kernel/csrc/flash_extension_stub.cc").exists()
+    assert statuses(judge(co, shipped[1:])) == {f"sgl-kernel/{k}": "applied" for k in (K1, K2, K3)}
+
+
+def test_apply_conflict_undoes_this_runs_patches(fleet_repo, shipped):
+    bare, co = fleet_repo
+    git(co, "checkout", "-q", ".")
+    (co / up.SYMM_MEM_FILE).write_text(SYMM.replace("        10: [6, 8],\n", "        10: [8],\n"))
+    before = {p: (co / p).read_text() for p in (up.SIZES_FILE, up.SYMM_MEM_FILE)}
+    proc = bash(pm.apply_command(str(co), shipped[0]))
+    assert proc.returncode == 2
+    assert f"gpufleet: applied {S1}" in proc.stdout and f"patch {S2} does not apply" in proc.stdout
+    assert {p: (co / p).read_text() for p in before} == before
+
+
+def test_apply_on_a_missing_checkout_fails(tmp_path, shipped):
+    proc = bash(pm.apply_command(str(tmp_path / "none"), shipped[0]))
+    assert proc.returncode == 3 and "not a git checkout" in proc.stdout
+
+
+@pytest.mark.skipif(not shutil.which("cmake") or not shutil.which("g++"), reason="needs cmake and g++")
+def test_patched_kernel_tree_configures_and_builds_with_this_cmake(tmp_path, shipped):
+    work = tmp_path / "sglang"
+    up.copy_tree(work)
+    for patch in shipped[1].patches:
+        (tmp_path / patch.name).write_text(patch.text)
+        subprocess.run(["git", "apply", "--directory=sgl-kernel", str(tmp_path / patch.name)], cwd=work, check=True)
+    fake = tmp_path / "faketorch" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "2.12.0"\nclass _C:\n    _GLIBCXX_USE_CXX11_ABI = True\n')
+    env = {**os.environ, "PYTHONPATH": str(fake.parent), "CUDA_HOME": str(up.FAKE_CUDA)}
+    build = tmp_path / "build"
+    cfg = subprocess.run(["cmake", "-S", str(work / "sgl-kernel"), "-B", str(build), "-DSGL_KERNEL_ENABLE_FP4=1"],
+                         capture_output=True, text=True, env=env)
+    assert cfg.returncode == 0, cfg.stdout + cfg.stderr
+    made = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True, env=env)
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert (build / "common_ops.abi3.so").exists() and (build / "flash_ops.abi3.so").exists()
