@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from gpufleet import hoststate
+from gpufleet import buildcache, hoststate
 from gpufleet.command import Cmd
 from gpufleet.errors import GpufleetError, RemoteCommandError
 from gpufleet.fetch import WheelCache
@@ -73,6 +73,8 @@ class Upgrade:
     say: Callable[[str], None] = print  # one whole line (host-prefixed) of live output
     command_timeout: float | None = None
     read_facts: Callable = gather_facts
+    build_cache: buildcache.LocalCache = field(default_factory=buildcache.LocalCache)
+    reconnect_for: float = 900.0  # how long a resumable step keeps trying to reach a host that dropped off
 
     def host(self, session, stack) -> HostReport:
         """Plan (dry run) or apply every role on one host; never raises for a failure on the host."""
@@ -174,10 +176,16 @@ class _HostRun:
                 self.upload(step, upload)
             timeout = step.timeout or self.up.command_timeout
             for cmd in step.commands:
-                self.run(cmd, step.title, timeout=timeout, echo=self.up.say)
+                if step.resumable:
+                    self.run_resumable(cmd, step.title, timeout=timeout)
+                else:
+                    self.run(cmd, step.title, timeout=timeout, echo=self.up.say)
             for cmd in step.verify:
                 result = self.run(cmd, f"{step.title}: verify" if step.commands else step.title, timeout=timeout)
                 self.say(f"{step.role}: {(result.output.strip().splitlines() or ['ok'])[-1]}")
+            for key in step.artifacts:
+                if buildcache.fetch_to_cache(self.session, key, self.up.build_cache):
+                    self.say(f"{step.role}: build {key[:12]} cached on the control node for the other hosts")
             entry.status = "changed" if step.commands or step.uploads else "verified"
             return entry.status == "changed"
         except BaseException:
@@ -192,6 +200,27 @@ class _HostRun:
             return self.session.run(cmd, step=step, **options)
         except RemoteCommandError as exc:
             raise RemoteCommandError(exc.host, exc.step, brief(cmd), exc.exit_code, exc.output_tail) from None
+
+    def run_resumable(self, cmd: Cmd, step: str, timeout: float | None):
+        """Run a command that is safe to re-run; when the connection drops, reconnect and run it again."""
+        deadline = time.monotonic() + self.up.reconnect_for
+        delay = 1.0
+        while True:
+            try:
+                return self.run(cmd, step, timeout=timeout, echo=self.up.say)
+            except RemoteCommandError as exc:
+                if exc.exit_code is not None or time.monotonic() > deadline:
+                    raise
+                self.say(f"connection lost during '{step}'; reattaching (the work goes on on the host)")
+            while True:
+                time.sleep(delay)
+                delay = min(delay * 2, 15.0)
+                try:
+                    self.session.reconnect()
+                    break
+                except GpufleetError:
+                    if time.monotonic() > deadline:
+                        raise
 
     def still_needed(self, step: Step) -> bool:
         result = self.session.run(step.needed, step=f"{step.title}: still needed?", check=False,

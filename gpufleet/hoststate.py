@@ -130,6 +130,11 @@ for d in sorted(m.distributions(), key=lambda d: d.metadata["Name"].lower()):
     print("%s==%s" % (d.metadata["Name"], d.version))') > "$d/pip-freeze.txt" || exit 4
     fi
 fi
+# The venv itself, hard-linked: pip and uv replace files rather than rewrite them, so the snapshot keeps the exact
+# old files (a source-built sgl-kernel, a nightly torch that has left its index) at almost no disk cost.
+if [ -d "$venv" ]; then
+    cp -al -- "$venv" "$d/venv" 2>/dev/null || { rm -rf -- "$d/venv"; cp -a -- "$venv" "$d/venv"; } || exit 6
+fi
 g() { git -c safe.directory='*' -c core.quotepath=false -C "$co" "$@"; }
 if [ -d "$co" ] && [ "$(g rev-parse --show-toplevel 2>/dev/null)" = "$(cd "$co" && pwd -P)" ]; then
     g rev-parse HEAD > "$d/git-head" || exit 5
@@ -147,6 +152,10 @@ if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
 fi
 if [ -z "$path" ] && [ -f "/etc/systemd/system/$unit" ]; then path=/etc/systemd/system/$unit; fi
 if [ -n "$path" ] && [ -f "$path" ]; then cp -p -- "$path" "$d/" && printf '%s\n' "$path" > "$d/unit-path"; fi
+for f in "/etc/gpufleet/${unit%.service}.env"; do [ -f "$f" ] && cp -p -- "$f" "$d/unit.env"; done
+systemctl is-active -- "$unit" > "$d/unit-active" 2>/dev/null || true
+# Keep the newest snapshots only; each pins the files of a whole venv.
+ls -1d "$base"/*/ 2>/dev/null | sort | head -n -5 | xargs -r rm -rf --
 echo "$d"
 '''
 

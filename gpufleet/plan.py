@@ -39,6 +39,8 @@ class Step:
     timeout: float | None = None
     changes: tuple[str, ...] = ()  # what it touches: "venv", "checkout", "kernel", "unit", "cache"
     uploads: tuple[Upload, ...] = ()
+    resumable: bool = False  # its commands pick up where they were after a lost connection: re-run, don't fail
+    artifacts: tuple[str, ...] = ()  # build keys whose built wheel the control node caches afterwards
 
     def to_json(self) -> dict:
         return {"kind": "step", "role": self.role, "title": self.title, "reason": self.reason,

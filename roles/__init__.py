@@ -1,11 +1,12 @@
 """The roles, in the order the engine plans and applies them; each is a module with `name` and `plan(ctx)`."""
 
-from roles import flashinfer, torch, verify
+from roles import flashinfer, sgl_kernel, sglang_checkout, torch, verify
 
 ROLES = [
     torch,
     flashinfer,
-    # the sglang checkout role goes here (pull, local edits / patches), then the sgl-kernel role (build or install)
+    sglang_checkout,  # pull with the local edits kept, then the site's sglang patches
+    sgl_kernel,  # after torch and the checkout: its build key is made of both
     verify,  # last: the whole stack must import together
 ]
 

@@ -226,4 +226,5 @@ def _build_step(ctx: PlanContext, built: BuildInputs, key: str, why: str) -> Ste
                 reason=why + "; no wheel with that key on the host or in the cache",
                 commands=(*_patch_cmds(ctx), deps, detached.wait_cmd(job, inner),
                           _record_script(ctx, key, wheel_expr, "built-here", inputs_json)),
-                needed=_needed(ctx, key), verify=(_verify(ctx, key),), timeout=BUILD_TIMEOUT, changes=("checkout", "venv", "cache"))
+                needed=_needed(ctx, key), verify=(_verify(ctx, key),), timeout=BUILD_TIMEOUT,
+                changes=("checkout", "venv", "cache"), resumable=True, artifacts=(key,))

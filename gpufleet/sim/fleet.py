@@ -312,6 +312,7 @@ class SimFleet:
            f"lowerdir=/,upperdir={tdir / 'upper'},workdir={tdir / 'work'}", str(root))
         try:
             self._populate_template(root)
+            self._add_model_dir(root)
             upstream.clone_with_local_edits(self.upstream_bare, root / CHECKOUT.lstrip("/"))
             sh("git", "-C", str(root / CHECKOUT.lstrip("/")), "remote", "set-url", "origin", self.upstream_url)
             self._chroot(root, _TEMPLATE_SCRIPT.format(venv=VENV, wheels=self.wheels_dir, checkout=CHECKOUT))
@@ -329,6 +330,12 @@ class SimFleet:
         # The inherited root's .bashrc runs pyenv init on every remote command; a GPU box has a plain one.
         (root / "root/.bashrc").write_text("# ~/.bashrc of a simulated GPU server\n")
         (root / "root/.profile").write_text('[ -f ~/.bashrc ] && . ~/.bashrc\n')
+        # The control node's pip configuration names indexes a GPU box would not have; give hosts plain pip.
+        for conf in (root / "etc/pip.conf", root / "etc/xdg/pip", root / "root/.config/pip", root / "root/.pip"):
+            if conf.is_dir():
+                shutil.rmtree(conf)
+            elif conf.exists():
+                conf.unlink()
         for key in (root / "etc/ssh").glob("ssh_host_*"):
             key.unlink()
         smi = root / "usr/bin/nvidia-smi"
@@ -336,6 +343,24 @@ class SimFleet:
         smi.chmod(0o755)
         (root / "etc/gpufleet-sim").mkdir(parents=True, exist_ok=True)
         (root / "etc/gpufleet-sim/gpus.json").write_text(json.dumps(BLACKWELL))
+
+    @staticmethod
+    def _add_model_dir(root: Path) -> None:
+        """A tiny model at the inventory's model_path: config.json, an index naming 3 safetensors shards, the shards."""
+        import struct
+
+        model = root / MODEL_PATH.lstrip("/")
+        model.mkdir(parents=True, exist_ok=True)
+        (model / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5MoeForCausalLM"],
+                                                       "model_type": "qwen3_5_moe", "num_experts": 512}))
+        weight_map = {}
+        for i in range(1, 4):
+            shard = f"model-{i:05d}-of-00003.safetensors"
+            header = json.dumps({f"layers.{i}.weight": {"dtype": "F32", "shape": [512], "data_offsets": [0, 2048]}})
+            (model / shard).write_bytes(struct.pack("<Q", len(header)) + header.encode() + bytes(2048))
+            weight_map[f"layers.{i}.weight"] = shard
+        (model / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": 3 * 2048}, "weight_map": weight_map}))
 
     @staticmethod
     def _chroot(root: Path, script: str) -> None:
@@ -372,7 +397,7 @@ class SimFleet:
             sh("ip", "-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
             sh("ip", "-n", host.netns, "link", "set", "eth0", "up")
             sh("ip", "-n", host.netns, "link", "set", "lo", "up")
-            sh("ip", "-n", host.netns, "route", "add", "default", "via", CONTROL_ADDR)
+            # No default route: a simulated host reaches its own subnet (control node, other hosts) and nothing else.
         host.pid = system.spawn_detached(
             ["systemd-nspawn", "-q", "-D", str(root), "-b", "--register=no", "--keep-unit",
              f"--hostname={host.name}", f"--network-namespace-path=/run/netns/{host.netns}"],

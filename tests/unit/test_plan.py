@@ -38,8 +38,8 @@ def test_plan_error_names_host_and_role():
     assert isinstance(err, GpufleetError) and str(err) == "host gpu1: role torch cannot plan: no pip"
 
 
-def test_roles_run_torch_then_flashinfer_then_verify():
+def test_roles_run_in_the_order_of_the_manual_procedure():
     from roles import ROLES
 
-    assert [r.name for r in ROLES] == ["torch", "flashinfer", "verify"]
+    assert [r.name for r in ROLES] == ["torch", "flashinfer", "sglang-checkout", "sgl-kernel", "verify"]
     assert all(callable(r.plan) for r in ROLES)
