@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpufleet.detached import BUILDS_DIR
+from gpufleet.fetch import cache_root
 
-LOCAL_CACHE = Path(os.path.expanduser("~/.cache/gpufleet/sgl-kernel"))
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,8 @@ class Record:
 class LocalCache:
     """Wheels on the control node, one directory per key holding the wheel and its record.json."""
 
-    def __init__(self, root: Path = LOCAL_CACHE):
+    def __init__(self, root: Path | None = None):
+        root = root or cache_root() / "sgl-kernel"
         self.root = Path(root)
 
     def wheel(self, key: str) -> Path | None:

@@ -19,8 +19,13 @@ class FetchError(GpufleetError):
     """A pinned wheel could not be fetched, or its sha256 is not the pinned one."""
 
 
+def cache_root() -> Path:
+    """The control node's cache of downloaded and built wheels ($GPUFLEET_CACHE_DIR, else ~/.cache/gpufleet)."""
+    return Path(os.environ.get("GPUFLEET_CACHE_DIR") or Path.home() / ".cache" / "gpufleet")
+
+
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("GPUFLEET_CACHE_DIR") or Path.home() / ".cache" / "gpufleet") / "wheels"
+    return cache_root() / "wheels"
 
 
 def wheel_filename(url: str) -> str:

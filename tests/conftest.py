@@ -12,6 +12,13 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+def pytest_configure(config):
+    """Tests never read or fill the developer's wheel cache (~/.cache/gpufleet): each session gets its own."""
+    import tempfile
+
+    os.environ["GPUFLEET_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpufleet-test-cache-")
+
+
 def _sim_unavailable() -> str | None:
     if os.geteuid() != 0:
         return "the simulated fleet needs root"
