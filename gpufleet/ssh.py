@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -17,6 +18,10 @@ from gpufleet.errors import HostKeyError, RemoteCommandError, UnreachableError
 from gpufleet.output import HostLines
 
 TAIL_LINES = 30
+
+# paramiko logs connection failures with tracebacks; gpufleet reports them itself, once, as one clear line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 
 @dataclass
