@@ -1,0 +1,109 @@
+"""Rolling runs: batch planning, records, resume lookup, and the stop rule (with fake hosts, no SSH)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.roll import HostResult, Roll, RollSummary, RunRecord, batch_size, last_stopped, plan_batches
+
+HOSTS = ["gpu1", "gpu2", "gpu3", "gpu4", "gpu5"]
+
+
+@pytest.mark.parametrize("spec,remaining,size", [("1", 4, 1), ("3", 4, 3), ("25%", 4, 1), ("50%", 5, 3),
+                                                 ("100%", 4, 4), ("10", 2, 10)])
+def test_batch_size(spec, remaining, size):
+    assert batch_size(spec, remaining) == size
+
+
+@pytest.mark.parametrize("spec", ["0", "-1", "abc", "0%", "150%", ""])
+def test_bad_batch_names_flag_and_value(spec):
+    with pytest.raises(ConfigError) as err:
+        batch_size(spec, 4)
+    assert "--batch" in str(err.value) and repr(spec) in str(err.value)
+
+
+def test_canary_first_then_batches():
+    assert plan_batches(HOSTS, None, "1") == [["gpu1"], ["gpu2"], ["gpu3"], ["gpu4"], ["gpu5"]]
+    assert plan_batches(HOSTS, "gpu3", "2") == [["gpu3"], ["gpu1", "gpu2"], ["gpu4", "gpu5"]]
+    assert plan_batches(HOSTS, None, "50%") == [["gpu1"], ["gpu2", "gpu3"], ["gpu4", "gpu5"]]
+    assert plan_batches(["gpu1"], None, "3") == [["gpu1"]]
+
+
+def test_unknown_canary_is_an_error():
+    with pytest.raises(ConfigError, match="gpu9"):
+        plan_batches(HOSTS, "gpu9", "1")
+
+
+class FakeSession:
+    def __init__(self, name):
+        self.name, self.results = name, []
+
+
+class FakeHost:
+    def __init__(self, name):
+        self.name = name
+
+
+def _roll(monkeypatch, fail: set[str], max_fail: int = 0, recover=True):
+    import gpufleet.roll as roll_mod
+    from gpufleet.runner import HostOutcome
+
+    def fake_for_each(hosts, inventory, work, secrets=()):
+        return [HostOutcome(h.name, value=work(FakeSession(h.name))) for h in hosts]
+
+    monkeypatch.setattr(roll_mod, "for_each_host", fake_for_each)
+    order = []
+
+    def procedure(session, result, say):
+        order.append(session.name)
+        result.steps.append("upgrade")
+        if session.name in fail:
+            raise GpufleetError(f"health check failed on {session.name}")
+
+    def recover_fn(session, result, say):
+        result.steps.append("rolled back")
+
+    return Roll(None, procedure, recover_fn if recover else None, max_fail=max_fail, say=lambda line: None), order
+
+
+def _summary(hosts, batches):
+    return RollSummary("upgrade", "20261202T000000Z", "inv upgrade", hosts, batches, 0,
+                       results={h: HostResult(h) for h in hosts})
+
+
+def test_roll_stops_after_a_failure_and_leaves_the_rest_untouched(monkeypatch, tmp_path):
+    roll, order = _roll(monkeypatch, fail={"gpu2"})
+    hosts = [FakeHost(h) for h in HOSTS[:3]]
+    summary = _summary(HOSTS[:3], plan_batches(HOSTS[:3], None, "1"))
+    record = RunRecord(tmp_path, summary)
+    roll.run(hosts, summary, record)
+    assert order == ["gpu1", "gpu2"]
+    assert summary.status == "stopped"
+    assert [summary.results[h].outcome for h in HOSTS[:3]] == ["ok", "rolled-back", "not-reached"]
+    saved = json.loads((record.dir / "summary.json").read_text())
+    assert saved["status"] == "stopped" and saved["results"][1]["error"].startswith("health check failed")
+    assert last_stopped(tmp_path, "upgrade")[1].results["gpu3"].outcome == "not-reached"
+
+
+def test_max_fail_lets_the_roll_go_on(monkeypatch, tmp_path):
+    roll, order = _roll(monkeypatch, fail={"gpu2"}, max_fail=1, recover=False)
+    summary = _summary(HOSTS[:3], plan_batches(HOSTS[:3], None, "1"))
+    roll.run([FakeHost(h) for h in HOSTS[:3]], summary, RunRecord(tmp_path, summary))
+    assert order == ["gpu1", "gpu2", "gpu3"] and summary.status == "completed"
+    assert summary.results["gpu2"].outcome == "failed"
+
+
+def test_resume_skips_completed_hosts(monkeypatch, tmp_path):
+    roll, order = _roll(monkeypatch, fail=set())
+    summary = _summary(HOSTS[:3], plan_batches(HOSTS[:3], None, "1"))
+    summary.results["gpu1"].outcome = "ok"
+    roll.run([FakeHost(h) for h in HOSTS[:3]], summary, RunRecord(tmp_path, summary), skip={"gpu1"})
+    assert order == ["gpu2", "gpu3"] and summary.status == "completed"
+
+
+def test_nothing_to_resume_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="no stopped `upgrade` roll"):
+        last_stopped(tmp_path, "upgrade")
