@@ -58,6 +58,20 @@ def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, ac
     _exit(cli_upgrade.upgrade(inventory, stack, host, hosts, json, accept_new_host_keys, dry_run))
 
 
+@fleet_task(name="deploy-model", help={
+    **_COMMON, "dry-run": "print each host's plan (the unit's diff, what restarts) and change nothing",
+    "download": "download missing model files on the host with the Hugging Face CLI (hf / huggingface-cli)",
+    "hf-token-file": "file holding the Hugging Face token (default: $HF_TOKEN); kept in a 0600 env file, never shown"})
+@cli.user_errors
+def deploy_model(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False,
+                 dry_run=False, download=False, hf_token_file=None):
+    """Install or update the SGLang unit (restart only on change), then prove /health and a smoke generation."""
+    from gpufleet import cli_deploy
+
+    _exit(cli_deploy.deploy_model(inventory, stack, host, hosts, dry_run, json, download, hf_token_file,
+                                  accept_new_host_keys))
+
+
 @task(name="up", help={"count": "how many simulated GPU servers to boot (default 3)",
                         "inventory": "where to write their inventory (default hosts/sim.toml)"})
 @cli.user_errors
@@ -87,5 +101,6 @@ def sim_status(c, json=False):
 
 
 ns = Collection(facts, status, upgrade)
+ns.add_task(deploy_model)
 ns.add_task(patches)
 ns.add_collection(Collection("sim", sim_up, sim_down, sim_status))
