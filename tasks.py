@@ -72,6 +72,17 @@ def deploy_model(c, host=None, hosts=None, inventory=None, stack=None, json=Fals
                                   accept_new_host_keys))
 
 
+@fleet_task(help={**_COMMON, "snapshot": "restore this snapshot directory (default: the host's newest)",
+                   "dry-run": "say what would be restored and change nothing"})
+@cli.user_errors
+def rollback(c, host=None, hosts=None, inventory=None, stack=None, snapshot=None, json=False,
+             accept_new_host_keys=False, dry_run=False):
+    """Put hosts back on the snapshot taken before their last upgrade: exact venv, sglang HEAD and edits, unit."""
+    from gpufleet import cli_rollback
+
+    _exit(cli_rollback.rollback_hosts(inventory, stack, host, hosts, snapshot, dry_run, json, accept_new_host_keys))
+
+
 @task(name="up", help={"count": "how many simulated GPU servers to boot (default 3)",
                         "inventory": "where to write their inventory (default hosts/sim.toml)"})
 @cli.user_errors
@@ -103,4 +114,5 @@ def sim_status(c, json=False):
 ns = Collection(facts, status, upgrade)
 ns.add_task(deploy_model)
 ns.add_task(patches)
+ns.add_task(rollback)
 ns.add_collection(Collection("sim", sim_up, sim_down, sim_status))
