@@ -118,6 +118,7 @@ base=/var/lib/gpufleet/snapshots
 mkdir -p "$base" || exit 2
 d="$base/$stamp" n=1
 while ! mkdir "$d" 2>/dev/null; do d="$base/$stamp-$n"; n=$((n + 1)); [ $n -lt 100 ] || exit 2; done
+chmod 700 "$d"  # it may hold the server's environment file (secrets)
 printf '%s\n' "$manifest" > "$d/manifest.json"
 if [ -x "$venv/bin/python" ]; then
     if (cd / && "$venv/bin/python" -m pip --version) >/dev/null 2>&1; then

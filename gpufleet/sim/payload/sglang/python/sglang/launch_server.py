@@ -10,12 +10,21 @@ import sys
 import threading
 import time
 import uuid
+import socketserver
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 FAIL_HEALTH_FILE = "/etc/gpufleet-sim/fail-health"
 GARBAGE_FILE = "/etc/gpufleet-sim/garbage-output"
 logger = logging.getLogger("sglang.launch_server")
+
+
+class _Server(ThreadingHTTPServer):
+    """HTTPServer without its reverse-DNS lookup of the bind address (a host without a resolver waits seconds)."""
+
+    def server_bind(self):
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -236,7 +245,7 @@ def launch(argv: list[str]) -> None:
     versions = load_stack()
     major, _ = check_gpus(args.tp)
     extra = {"torch_symm_mem": setup_symm_mem(args.tp, major)} if args.enable_torch_symm_mem else {}
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server = _Server((args.host, args.port), Handler)
     Handler.state = State(args, versions, extra)
     threading.Thread(target=announce_ready, args=(Handler.state,), daemon=True).start()
     logger.info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", args.host, args.port)
