@@ -4,6 +4,15 @@ from invoke import Collection, Exit, task
 
 from gpufleet import cli
 
+_ROLL = {
+    "canary": "with several hosts: the host to upgrade first, alone (default: the first selected)",
+    "batch": "with several hosts: hosts per batch after the canary, a number or a percentage like 25% (default 1)",
+    "max-fail": "with several hosts: stop the roll once more hosts than this have failed (default 0)",
+    "resume": "continue the last stopped roll after its last completed host",
+    "no-rollback": "leave a host that fails its health gate as it is instead of restoring its snapshot",
+    "hf-token-file": "file holding the Hugging Face token (default: $HF_TOKEN); kept in a 0600 env file, never shown",
+}
+
 _COMMON = {
     "inventory": "inventory TOML (default: $GPUFLEET_INVENTORY, else hosts/sim.toml written by `inv sim.up`)",
     "stack": "target stack TOML (default: $GPUFLEET_STACK, else stack.toml)",
@@ -48,28 +57,43 @@ def patches(c, host=None, hosts=None, inventory=None, stack=None, json=False, ac
     _exit(cli_patches.patches(inventory, stack, host, hosts, json, accept_new_host_keys, fetch))
 
 
-@fleet_task(help={**_COMMON, "dry-run": "print each host's plan (steps with reasons, what stays) and change nothing"})
+@fleet_task(help={**_COMMON, **_ROLL,
+                   "dry-run": "print each host's plan (steps with reasons, what stays) and change nothing"})
 @cli.user_errors
 def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False,
-            dry_run=False):
-    """Bring hosts to stack.toml (torch, flashinfer, then a whole-stack check); --dry-run shows the plan."""
-    from gpufleet import cli_upgrade
+            dry_run=False, canary=None, batch="1", max_fail=0, resume=False, no_rollback=False, hf_token_file=None):
+    """Bring hosts to stack.toml: torch, flashinfer, sglang checkout + patches, sgl-kernel, whole-stack check.
 
-    _exit(cli_upgrade.upgrade(inventory, stack, host, hosts, json, accept_new_host_keys, dry_run))
+    One host: the upgrade alone. Several hosts: a roll, canary first then batches; each host is stopped, upgraded,
+    deployed and proven healthy, or rolled back; the roll stops past --max-fail."""
+    from gpufleet import cli_roll, cli_upgrade
+
+    if cli_roll.should_roll(inventory, host, hosts, resume, canary, dry_run):
+        _exit(cli_roll.roll("upgrade", cli_roll.command_line("upgrade"), inventory, stack, host, hosts, canary, batch,
+                            max_fail, no_rollback, resume, hf_token_file, False, accept_new_host_keys, json))
+    else:
+        _exit(cli_upgrade.upgrade(inventory, stack, host, hosts, json, accept_new_host_keys, dry_run))
 
 
 @fleet_task(name="deploy-model", help={
-    **_COMMON, "dry-run": "print each host's plan (the unit's diff, what restarts) and change nothing",
-    "download": "download missing model files on the host with the Hugging Face CLI (hf / huggingface-cli)",
-    "hf-token-file": "file holding the Hugging Face token (default: $HF_TOKEN); kept in a 0600 env file, never shown"})
+    **_COMMON, **_ROLL, "dry-run": "print each host's plan (the unit's diff, what restarts) and change nothing",
+    "download": "download missing model files on the host with the Hugging Face CLI (hf / huggingface-cli)"})
 @cli.user_errors
 def deploy_model(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False,
-                 dry_run=False, download=False, hf_token_file=None):
-    """Install or update the SGLang unit (restart only on change), then prove /health and a smoke generation."""
-    from gpufleet import cli_deploy
+                 dry_run=False, download=False, hf_token_file=None, canary=None, batch="1", max_fail=0, resume=False,
+                 no_rollback=False):
+    """Install or update the SGLang unit (restart only on change), then prove /health and a smoke generation.
 
-    _exit(cli_deploy.deploy_model(inventory, stack, host, hosts, dry_run, json, download, hf_token_file,
-                                  accept_new_host_keys))
+    Several hosts roll: canary first, then batches, each proven healthy (or rolled back) before the next."""
+    from gpufleet import cli_deploy, cli_roll
+
+    if cli_roll.should_roll(inventory, host, hosts, resume, canary, dry_run):
+        _exit(cli_roll.roll("deploy-model", cli_roll.command_line("deploy-model"), inventory, stack, host, hosts,
+                            canary, batch, max_fail, no_rollback, resume, hf_token_file, download,
+                            accept_new_host_keys, json))
+    else:
+        _exit(cli_deploy.deploy_model(inventory, stack, host, hosts, dry_run, json, download, hf_token_file,
+                                      accept_new_host_keys))
 
 
 @fleet_task(help={**_COMMON, "snapshot": "restore this snapshot directory (default: the host's newest)",

@@ -59,7 +59,9 @@ def record_path(key: str) -> str:
     return f"{host_dir(key)}/record.json"
 
 
-INSTALLED_RECORD = f"{BUILDS_DIR}/installed.json"
+def installed_record(venv: str) -> str:
+    """Which build a venv's sgl-kernel came from; it lives in the venv so a restored venv brings its own record."""
+    return f"{venv}/gpufleet-sgl-kernel.json"
 
 
 @dataclass

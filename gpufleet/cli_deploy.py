@@ -73,18 +73,7 @@ def deploy_model(inventory=None, stack=None, host=None, hosts=None, dry_run=Fals
                   repo=REPO, dry_run=dry_run, say=say, command_timeout=inv.settings.command_timeout)
 
     def work(session) -> Deployed:
-        host_stack = stacks[session.name]
-        done = Deployed(run.host(session, host_stack))
-        if done.report.ok and not dry_run:
-            say(f"[{session.name}] health: waiting for /health, then a smoke generation")
-            try:
-                done.health = Gate(session, host_stack, say=lambda line: say(f"[{session.name}] {line}")).run(
-                    served_name(session.host, host_stack))
-                say(f"[{session.name}] health: ok, smoke answer {done.health['smoke_answer'][:80]!r}")
-            except GpufleetError as exc:
-                done.report.outcome, done.report.error = "failed", str(exc)
-                done.report.next_step = f"read the journal: journalctl -u {session.host.service} on {session.name}"
-        return done
+        return deploy_one(run, session, stacks[session.name], say)
 
     outcomes = for_each_host(chosen, inv, work, secrets=hidden)
     results = [o.value if o.ok else Deployed(HostReport(o.host, dry_run, outcome=o.kind, error=o.error))
@@ -95,6 +84,21 @@ def deploy_model(inventory=None, stack=None, host=None, hosts=None, dry_run=Fals
         for line in report_lines(results):
             emit(mask(line, hidden))
     return 0 if all(r.report.ok for r in results) else 1
+
+
+def deploy_one(run: Upgrade, session, host_stack, say) -> Deployed:
+    """Apply the model-server role on one host, then (unless a dry run) prove it healthy; never raises."""
+    done = Deployed(run.host(session, host_stack))
+    if done.report.ok and not run.dry_run:
+        say(f"[{session.name}] health: waiting for /health, then a smoke generation")
+        try:
+            done.health = Gate(session, host_stack, say=lambda line: say(f"[{session.name}] {line}")).run(
+                served_name(session.host, host_stack))
+            say(f"[{session.name}] health: ok, smoke answer {done.health['smoke_answer'][:80]!r}")
+        except GpufleetError as exc:
+            done.report.outcome, done.report.error = "failed", str(exc)
+            done.report.next_step = f"read the journal: journalctl -u {session.host.service} on {session.name}"
+    return done
 
 
 def report_lines(results: list[Deployed]) -> list[str]:

@@ -18,11 +18,12 @@ def rollback_hosts(inventory=None, stack=None, host=None, hosts=None, snapshot=N
 
     def one(session) -> dict:
         info = rollback.describe(session, snapshot or rollback.latest_snapshot(session))
+        host_say = lambda line: say(f"[{session.name}] {line}")  # noqa: E731
         for line in info.lines():
-            say(f"[{session.name}] {line}")
+            host_say(line)
         if dry_run:
             return {"host": session.name, "snapshot": info.path, "restored": False, "plan": info.lines()}
-        proof = rollback.restore(session, info, say=say)
+        proof = rollback.restore(session, info, say=host_say)
         result = {"host": session.name, "snapshot": info.path, "restored": True, "proof": proof}
         if after is not None:  # e.g. the health gate, when the unit was running before
             result["after"] = after(session, info)

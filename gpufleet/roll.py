@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,6 +29,7 @@ class HostResult:
     error: str | None = None
     snapshot: str | None = None
     batch: int | None = None
+    server_was_active: bool = False  # before the roll stopped it: a rollback must bring it back
     started: str | None = None
     seconds: float = 0.0
 
@@ -45,6 +47,8 @@ class RollSummary:
     status: str = "running"  # running | completed | stopped
     results: dict[str, HostResult] = field(default_factory=dict)
     resumed_from: str | None = None
+    inventory: str = ""  # resolved path: --resume continues rolls of the same inventory only
+    pid: int = 0  # of the process running it: a "running" roll whose process is gone was killed
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -119,17 +123,34 @@ class RunRecord:
                                    f"{r.output.rstrip()}\n")
 
 
-def last_stopped(runs_dir: Path, kind: str) -> tuple[Path, RollSummary]:
-    """The newest roll of this kind that stopped before its end (what --resume continues)."""
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+def last_stopped(runs_dir: Path, kind: str, inventory: str = "") -> tuple[Path, RollSummary]:
+    """The newest roll of this kind over this inventory that stopped (or was killed) before its end."""
     for path in sorted(Path(runs_dir).glob("*/summary.json"), reverse=True):
         data = json.loads(path.read_text())
-        if data.get("kind") != kind:
+        if data.get("kind") != kind or (inventory and data.get("inventory", "") != inventory):
             continue
         summary = RollSummary.from_json(data)
+        if summary.status == "running" and _alive(summary.pid):
+            raise ConfigError(str(path), f"that `{kind}` roll is still running (pid {summary.pid})")
         if summary.status == "completed":
             break
         return path.parent, summary
     raise ConfigError(str(runs_dir), f"no stopped `{kind}` roll to resume (the newest one completed, or none ran)")
+
+
+def runs_dir(default: Path) -> Path:
+    """Where roll records go: $GPUFLEET_RUNS_DIR, else runs/ in the project."""
+    return Path(os.environ.get("GPUFLEET_RUNS_DIR") or default)
 
 
 @dataclass

@@ -138,7 +138,7 @@ def restore(session, info: SnapshotInfo, say=print) -> str:
     run = hoststate.RunInfo.current(f"rollback {info.path}")
     hoststate.acquire_lock(session, run)
     try:
-        say(f"[{host.name}] restoring {info.path}")
+        say(f"restoring {info.path}")
         cmd = Cmd.of("bash", "-c", _RESTORE, "restore", info.path, host.venv, host.sglang_checkout,
                      unit_name(host.service))
         result = session.run(cmd, step="rollback", check=False, timeout=3600)
@@ -150,7 +150,7 @@ def restore(session, info: SnapshotInfo, say=print) -> str:
                             step="rollback: compare with snapshot", check=False)
         if check.exit_code != 0:
             raise RollbackError(f"host {host.name}: after rollback the host differs from {info.path}:\n{check.tail()}")
-        say(f"[{host.name}] {check.output.strip().splitlines()[-1]}")
+        say(check.output.strip().splitlines()[-1])
         hoststate.append_audit(session, {"when": hoststate.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "who": run.who,
                                          "command": run.command, "host": host.name, "outcome": "rolled back",
                                          "snapshot": info.path})

@@ -13,7 +13,7 @@ from typing import Iterable, Mapping
 import jinja2
 
 from gpufleet import modelfiles
-from gpufleet.buildcache import INSTALLED_RECORD
+from gpufleet.buildcache import installed_record
 from gpufleet.command import Cmd, Secret
 from gpufleet.facts.script import unit_name
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
@@ -287,7 +287,7 @@ class ModelServer:
         if ctx.facts.unit is not None and not ctx.facts.unit.systemd:
             raise PlanError(host.name, name, "systemd is not running on the host (the server runs as a systemd unit)")
         probe = ctx.probe(Cmd.of("bash", "-c", _STATE_PROBE, "state", unit_path(host), env_path(host),
-                                 record_path(host), INSTALLED_RECORD, unit), "model-server state")
+                                 record_path(host), installed_record(host.venv), unit), "model-server state")
         try:
             state = parse_state(probe.output)
         except ValueError as exc:

@@ -83,7 +83,7 @@ def _patch_dir(ctx: PlanContext) -> Path:
 def _probe(ctx: PlanContext, key_hint: str = "") -> dict[str, str]:
     if ctx.probe is None:
         raise PlanError(ctx.host.name, name, "needs a remote probe to read the checkout's sgl-kernel tree")
-    text = _PROBE.format(checkout=shlex.quote(ctx.host.sglang_checkout), installed=buildcache.INSTALLED_RECORD,
+    text = _PROBE.format(checkout=shlex.quote(ctx.host.sglang_checkout), installed=buildcache.installed_record(ctx.host.venv),
                          builds=detached.BUILDS_DIR, key=key_hint or "none")
     return _sections(ctx.probe(script(text), "sgl-kernel build state").output)
 
@@ -138,7 +138,7 @@ def _verify(ctx: PlanContext, key: str) -> Cmd:
             "missing = [o for o in ops if not has(o)]\n"
             "fp4 = " + repr(ctx.stack.sgl_kernel.enable_fp4) + "\n"
             "if fp4 and missing: sys.exit('sgl_kernel lacks FP4 ops: ' + ', '.join(missing))\n"
-            f"rec = json.load(open({buildcache.INSTALLED_RECORD!r}))\n"
+            f"rec = json.load(open({buildcache.installed_record(ctx.host.venv)!r}))\n"
             f"if rec['key'] != {key!r}: sys.exit('installed record is for another build')\n"
             "print('sgl_kernel', sgl_kernel.__version__, 'torch', torch.__version__, 'ok')\n")
     return Cmd.of(_py(ctx), "-c", code)
@@ -156,7 +156,7 @@ def _record_script(ctx: PlanContext, key: str, wheel_expr: str, origin: str, inp
             "secs = time.time() - float(open(started).read()) if os.path.exists(started) else 0.0\n"
             f"rec = dict(key={key!r}, inputs=inputs, wheel=wheel, archs=list(info.get('archs', [])),\n"
             "           fp4=bool(info.get('fp4')), seconds=round(secs, 1), origin=origin)\n"
-            "for p in (os.path.join(d, 'record.json'), " + repr(buildcache.INSTALLED_RECORD) + "):\n"
+            "for p in (os.path.join(d, 'record.json'), " + repr(buildcache.installed_record(ctx.host.venv)) + "):\n"
             "    open(p + '.tmp', 'w').write(json.dumps(rec, indent=2, sort_keys=True)); os.replace(p + '.tmp', p)\n"
             "print('recorded', rec['archs'], 'fp4', rec['fp4'])\n")
     text = (f"set -e\nwheel={wheel_expr}\n"
@@ -170,7 +170,7 @@ def _record_script(ctx: PlanContext, key: str, wheel_expr: str, origin: str, inp
 
 def _needed(ctx: PlanContext, key: str) -> Cmd:
     """Exit 0 while the venv's sgl-kernel is not from this build (a re-run skips a step another run finished)."""
-    code = (f"import json, sys\ntry:\n    done = json.load(open({buildcache.INSTALLED_RECORD!r}))['key'] == {key!r}\n"
+    code = (f"import json, sys\ntry:\n    done = json.load(open({buildcache.installed_record(ctx.host.venv)!r}))['key'] == {key!r}\n"
             "except Exception:\n    done = False\nsys.exit(1 if done else 0)\n")
     return Cmd.of("python3", "-c", code)
 

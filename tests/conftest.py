@@ -13,10 +13,12 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def pytest_configure(config):
-    """Tests never read or fill the developer's wheel cache (~/.cache/gpufleet): each session gets its own."""
+    """Tests never touch the developer's wheel cache (~/.cache/gpufleet) or roll records (runs/): each session
+    gets its own."""
     import tempfile
 
     os.environ["GPUFLEET_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpufleet-test-cache-")
+    os.environ["GPUFLEET_RUNS_DIR"] = tempfile.mkdtemp(prefix="gpufleet-test-runs-")
 
 
 def _sim_unavailable() -> str | None:

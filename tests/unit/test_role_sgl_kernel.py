@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("gpufleet.plan")
 
-from gpufleet.buildcache import INSTALLED_RECORD, LocalCache, Record  # noqa: E402
+from gpufleet.buildcache import LocalCache, Record  # noqa: E402
 from gpufleet.facts.model import HostFacts  # noqa: E402
 from gpufleet.inventory import GpuExpectation, Host  # noqa: E402
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged  # noqa: E402
@@ -146,7 +146,7 @@ def test_needed_reads_the_installed_record(tmp_path, monkeypatch):
     ctx, _ = _ctx(tmp_path)
     [step] = sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
     record = tmp_path / "installed.json"
-    monkeypatch.setattr(sgl_kernel.buildcache, "INSTALLED_RECORD", str(record))
+    monkeypatch.setattr(sgl_kernel.buildcache, "installed_record", lambda venv: str(record))
     needed = sgl_kernel._needed(ctx, _key(ctx))
     run = lambda: subprocess.run(list(map(str, needed.argv)), capture_output=True).returncode  # noqa: E731
     assert step.needed is not None and run() == 0
