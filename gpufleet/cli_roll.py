@@ -89,7 +89,8 @@ def roll(kind: str, command: str, inventory=None, stack=None, host=None, hosts=N
         changed = False
         if kind == "upgrade":
             changed |= _upgrade(session, st, result, log, upgrader, planner)
-        done = deploy_one(deployer, session, st, log)
+        prefix = f"[{session.name}] "
+        done = deploy_one(deployer, session, st, lambda line: log(line.removeprefix(prefix)))
         result.snapshot = result.snapshot or done.report.snapshot
         if not done.report.ok:
             raise StepFailed(f"deploy-model on {session.name}: {done.report.error}")
