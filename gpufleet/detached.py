@@ -71,17 +71,21 @@ def state(session, job: Job) -> State:
 
 
 def start_script(job: Job, cmd: Cmd, properties: tuple[str, ...] = (), retry_failed: bool = False) -> str:
-    """Shell text that starts cmd detached unless it runs or has finished (failed: only if not retry_failed)."""
+    """Shell text that starts cmd detached unless it runs or has finished (failed: only if not retry_failed).
+
+    It never exits early, so text appended to it (wait_script) runs either way; $st says what it found."""
     q = shlex.quote
     inner = (f"{cmd.render()} >> {q(job.log)} 2>&1; rc=$?; "
              f"echo $rc > {q(job.rc_file)}.tmp && mv {q(job.rc_file)}.tmp {q(job.rc_file)}")
-    keep_failed = 'echo "$st"; exit 0' if not retry_failed else ":"
+    keep_failed = 'echo "$st"; st_keep=1' if not retry_failed else ":"
     props = " ".join(f"--property={q(p)}" for p in ("TimeoutStopSec=30", *properties))
     return f"""
 set -e
 mkdir -p {q(job.dir)}
 st=$({_state_sh(job)})
-case "$st" in running|"finished 0") echo "$st"; exit 0;; finished*) {keep_failed};; esac
+st_keep=
+case "$st" in running|"finished 0") echo "$st"; st_keep=1;; finished*) {keep_failed};; esac
+if [ -z "$st_keep" ]; then
 rm -f {q(job.log)} {q(job.rc_file)} {q(job.pid_file)}
 : > {q(job.log)}
 if command -v systemd-run >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
@@ -93,7 +97,9 @@ else
   setsid nohup /bin/bash -c {q(inner)} < /dev/null > /dev/null 2>&1 &
   echo $! > {q(job.pid_file)}
 fi
+st=started
 echo started
+fi
 """
 
 
@@ -161,11 +167,15 @@ def follow(session, job: Job, *, offset: int = 0, echo: Callable[[str], None] | 
 
 
 def wait_script(job: Job, cmd: Cmd, poll: float = 5.0) -> str:
-    """Shell text for one plain command: start (or pick up) the job, stream its log, exit with its exit code."""
+    """Shell text for one plain command: start (or pick up) the job, stream its log, exit with its exit code.
+
+    A new job's log is streamed from its start; a picked-up one (a re-run after a lost connection) from its last
+    lines."""
     q = shlex.quote
     return (start_script(job, cmd, retry_failed=True) + f"""
 set +e
-tail -n +1 -F {q(job.log)} 2>/dev/null &
+if [ "$st" = started ]; then from=+1; else from=20; fi
+tail -n "$from" -F {q(job.log)} 2>/dev/null &
 tp=$!
 while [ ! -s {q(job.rc_file)} ]; do
   st=$({_state_sh(job)})

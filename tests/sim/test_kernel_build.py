@@ -1,8 +1,10 @@
-"""End to end: a detached build job survives a cut link and is followed to its exit code exactly once."""
+"""End to end: a detached build job survives a cut link and is followed to its exit code exactly once; through
+`inv upgrade`, a second host with the same build key installs the first host's wheel instead of compiling."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 import time
@@ -11,6 +13,7 @@ import uuid
 import pytest
 
 from gpufleet import detached
+from gpufleet.buildcache import record_path
 from gpufleet.command import Cmd
 from gpufleet.inventory import load_inventory
 from gpufleet.runner import session_for
@@ -67,74 +70,88 @@ def test_wait_cmd_streams_and_returns_exit_code(sim_fleet):
         session.close()
 
 
-def _execute(session, step, echo=None):
-    """Run one planned step the way the engine does: uploads, commands, then verify."""
-    from urllib.parse import unquote, urlsplit
+def test_wait_cmd_run_again_attaches_to_the_running_job(sim_fleet):
+    """What a reattach after a lost connection does: the same wait command again follows the job, starts nothing."""
+    key = uuid.uuid4().hex
+    job = detached.Job.for_key(key, base="/var/lib/gpufleet/test-jobs")
+    marker = f"/tmp/gpufleet-runs-{key}"
+    cmd = Cmd.of("bash", "-c", f"echo run >> {marker}; for i in $(seq 1 6); do echo step $i; sleep 1; done; exit 5")
+    first, second = _session(sim_fleet, "gpu2"), _session(sim_fleet, "gpu2")
+    results = {}
+    try:
+        waiter = threading.Thread(target=lambda: results.setdefault(
+            "first", first.run(detached.wait_cmd(job, cmd, poll=0.5), "first", check=False, timeout=60)))
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while detached.state(second, job).status != "running" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        again = second.run(detached.wait_cmd(job, cmd, poll=0.5), "again", check=False, timeout=60)
+        waiter.join(60)
+        assert results["first"].exit_code == 5 and again.exit_code == 5, (results, again)
+        assert again.output.splitlines()[0] == "running" and "step 6" in again.output, again.output
+        assert "started" not in again.output.splitlines()
+        assert second.run(Cmd.of("cat", marker), "count runs").output.split() == ["run"]
+    finally:
+        first.close(), second.close()
 
-    for up in step.uploads:
-        session.run(Cmd.of("mkdir", "-p", up.remote.rsplit("/", 1)[0]), "upload dir")
-        session.conn.sftp().put(unquote(urlsplit(up.url).path), up.remote)
-    for cmd in step.commands:
-        session.run(cmd, step.title, echo=echo, timeout=600)
-    for cmd in step.verify:
-        session.run(cmd, "verify " + step.title)
 
-
-def test_build_once_then_install_cached_wheel_elsewhere(sim_fleet, tmp_path):
-    from gpufleet.buildcache import LocalCache, fetch_to_cache, record_path
-    from gpufleet.gather import gather_facts
-    from gpufleet.plan import PlanContext, Step, Unchanged
-    from gpufleet.stack import load_stack, stack_for_host
-    from roles import sgl_kernel
-    from tests.sim.helpers import REPO
+def test_second_host_with_the_same_build_key_installs_the_first_hosts_wheel(sim_fleet, tmp_path, monkeypatch):
+    """`inv upgrade` on gpu1 builds sgl-kernel; then on gpu3 (same key) installs gpu1's wheel and compiles nothing."""
+    from tests.sim.helpers import REPO, inv_json, write_inventory
 
     if not (REPO / "patches/sgl-kernel/series").exists():
         pytest.skip("no site patches for sgl-kernel: the simulated upstream does not build unpatched on CMake < 3.31")
-    # A snapshot: the key covers the patches, so an edit to them during the test would ask for a new build.
+    # A snapshot: the key covers the patches, so an edit to them during the test would ask gpu3 for a new build.
     patches = shutil.copytree(REPO / "patches/sgl-kernel", tmp_path / "patches")
-    inv = load_inventory(sim_fleet.inventory_path)
-    cache = LocalCache(tmp_path / "cache")
+    path = write_inventory(sim_fleet, tmp_path / "hosts.toml", ["gpu1", "gpu3"],
+                           extra=f'[defaults.stack.sgl_kernel]\npatches = "{patches}"\n')
+    monkeypatch.setenv("GPUFLEET_CACHE_DIR", str(tmp_path / "cache"))  # empty: gpu1 must build
+    starts = "journalctl --no-pager -o cat | grep -c '^Started gpufleet-build-'"
 
-    def plan(session):
-        host = inv.hosts[session.name]
-        stack = stack_for_host(load_stack(REPO / "stack.toml"), host.stack_overrides,
-                               source=str(inv.path), host=host.name)
-        stack = stack.model_copy(update={"sgl_kernel": stack.sgl_kernel.model_copy(update={"patches": patches})})
-        ctx = PlanContext(host=host, stack=stack, facts=gather_facts(session),
-                          probe=lambda cmd, step: session.run(cmd, step, check=False), repo=REPO)
-        return sgl_kernel.plan(ctx, cache), sgl_kernel.inputs(ctx, "x")
+    def upgrade(*args):
+        proc, reports = inv_json("upgrade", "--inventory", str(path), *args)
+        assert proc.returncode == 0, (reports, proc.stderr[-3000:])
+        return proc, reports
 
-    s1, s3 = _session(sim_fleet, "gpu1"), _session(sim_fleet, "gpu3")
+    def kernel(report):
+        [entry] = [e for e in report["entries"] if e["role"] == "sgl-kernel"]
+        return entry
+
     try:
-        [step], _ = plan(s1)
-        assert isinstance(step, Step) and step.title.startswith("build"), step
-        lines: list[str] = []
-        _execute(s1, step, echo=lines.append)
-        key = step.title.split("(build ")[1].split(",")[0]
-        full_key = next(k for k in s1.run(Cmd.of("ls", "/var/lib/gpufleet/builds"), "ls").output.split()
-                        if k.startswith(key))
-        rec1 = json.loads(s1.run(Cmd.of("cat", record_path(full_key)), "record").output)
+        for name in ("gpu1", "gpu3"):
+            sim_fleet.reset_host(name)
+        proc1, [r1] = upgrade("--host", "gpu1")
+        built = kernel(r1)
+        assert built["status"] == "changed" and built["title"].startswith("build sgl-kernel"), built
+        key12 = re.search(r"\(build ([0-9a-f]{12}),", built["title"])[1]
+        assert "[gpu1] applied: 0002-cmake-policy-guards.patch" in proc1.stderr
+        [key] = [k for k in sim_fleet.run_on("gpu1", "ls /var/lib/gpufleet/builds").stdout.split()
+                 if k.startswith(key12)]
+        rec1 = json.loads(sim_fleet.run_on("gpu1", f"cat {record_path(key)}").stdout)
         assert rec1["origin"] == "built-here" and rec1["fp4"] is True and "sm_120a" in rec1["archs"]
-        assert any("applied: 0002-cmake-policy-guards.patch" in ln for ln in lines)
-        assert fetch_to_cache(s1, full_key, cache) is not None
-        [again], _ = plan(s1)
-        assert isinstance(again, Unchanged), (step.title, again.title, again.reason)
+        assert (tmp_path / "cache" / "sgl-kernel" / key / "record.json").exists()
 
-        [step3], _ = plan(s3)
-        assert step3.title.startswith("install sgl-kernel wheel") and step3.uploads, step3
-        _execute(s3, step3)
-        rec3 = json.loads(s3.run(Cmd.of("cat", record_path(full_key)), "record").output)
-        assert rec3["key"] == full_key and rec3["origin"] == "copied-from gpu1"
-        assert rec3["archs"] == rec1["archs"]
-        # No compile on gpu3: no build log, no CMake build dir.
-        assert s3.run(Cmd.of("test", "-e", f"/var/lib/gpufleet/builds/{full_key}/build.log"), "log",
-                      check=False).exit_code == 1
-        assert s3.run(Cmd.of("test", "-d", f"/var/lib/gpufleet/builds/{full_key}/cmake-build"), "dir",
-                      check=False).exit_code == 1
-        [after], _ = plan(s3)
-        assert isinstance(after, Unchanged), (after.title, after.reason)
+        proc3, [r3] = upgrade("--host", "gpu3")
+        installed = kernel(r3)
+        assert installed["status"] == "changed", installed
+        assert installed["title"].startswith("install sgl-kernel wheel") and installed["title"].endswith(
+            f"(build {key12})"), installed
+        assert r3["entries"][-1]["reason"].endswith("with FP4 ops import together"), r3["entries"][-1]
+        rec3 = json.loads(sim_fleet.run_on("gpu3", f"cat {record_path(key)}").stdout)
+        assert rec3["key"] == key and rec3["origin"] == "copied-from gpu1" and rec3["archs"] == rec1["archs"]
+        # No compile on gpu3: no build log, no CMake build dir, no build unit, no patch applied.
+        assert sim_fleet.run_on("gpu3", f"test -e /var/lib/gpufleet/builds/{key}/build.log", check=False
+                                ).returncode == 1
+        assert sim_fleet.run_on("gpu3", f"test -d /var/lib/gpufleet/builds/{key}/cmake-build", check=False
+                                ).returncode == 1
+        assert sim_fleet.run_on("gpu3", starts, check=False).stdout.strip() == "0"
+        assert "applied:" not in proc3.stderr
+        # Both converged: the plan for both changes nothing and builds nothing.
+        _, plans = upgrade("--hosts", "gpu1,gpu3", "--dry-run")
+        assert {(r["host"], e["status"]) for r in plans for e in r["entries"]} == {("gpu1", "unchanged"),
+                                                                                  ("gpu3", "unchanged")}
+        assert [sim_fleet.run_on(h, starts, check=False).stdout.strip() for h in ("gpu1", "gpu3")] == ["1", "0"]
     finally:
-        s1.close(), s3.close()
         # The fleet is shared by the whole session: later tests expect the old stack on every host.
         for name in ("gpu1", "gpu3"):
             sim_fleet.reset_host(name)
