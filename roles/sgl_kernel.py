@@ -202,8 +202,11 @@ def _build_step(ctx: PlanContext, built: BuildInputs, key: str, why: str) -> Ste
     jobs = build_jobs(ctx.facts.cpu_count, ctx.facts.mem_total_bytes, cfg.max_jobs)
     job = detached.Job.for_key(key)
     cmake_args = " ".join([f"-DSGL_KERNEL_COMPILE_THREADS={cfg.compile_threads}", *cfg.extra_cmake_args])
-    env = {"TORCH_CUDA_ARCH_LIST": cfg.arch, "CUDA_HOME": cfg.cuda_home, "CPLUS_INCLUDE_PATH": cfg.cccl_include,
-           "MAX_JOBS": str(jobs), "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs), "CMAKE_ARGS": cmake_args}
+    # CUDACXX: CMake's project(... CUDA) looks for nvcc on PATH and in $CUDA_PATH only, never in CUDA_HOME, and an SSH
+    # login PATH often lacks {cuda_home}/bin (seen on a real H200: "No CMAKE_CUDA_COMPILER could be found").
+    env = {"TORCH_CUDA_ARCH_LIST": cfg.arch, "CUDA_HOME": cfg.cuda_home, "CUDACXX": f"{cfg.cuda_home}/bin/nvcc",
+           "CPLUS_INCLUDE_PATH": cfg.cccl_include, "MAX_JOBS": str(jobs), "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs),
+           "CMAKE_ARGS": cmake_args}
     settings = [f"--config-settings=build-dir={job.dir}/cmake-build"]
     if cfg.enable_fp4:
         settings.append("--config-settings=cmake.define.SGL_KERNEL_ENABLE_FP4=1")
