@@ -284,6 +284,7 @@ class ServerStack(Section):
 class PipStack(Section):
     """Extra indexes and hosts pip must trust (plain-http indexes need the latter)."""
 
+    index_url: Annotated[str, AfterValidator(_url)] = "https://pypi.org/simple"  # build tools, plain dependencies
     extra_index_urls: list[Annotated[str, AfterValidator(_url)]] = []
     trusted_hosts: list[Annotated[str, AfterValidator(_word)]] = []
 

@@ -12,6 +12,7 @@ from gpufleet import buildcache, detached
 from gpufleet.buildcache import BuildInputs, LocalCache
 from gpufleet.command import Cmd, script
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged, Upload
+from roles import pip
 
 name = "sgl-kernel"
 FP4_OPS = ("cutlass_scaled_fp4_mm", "scaled_fp4_quant", "scaled_fp4_experts_quant", "cutlass_fp4_group_mm")
@@ -215,12 +216,10 @@ def _build_step(ctx: PlanContext, built: BuildInputs, key: str, why: str) -> Ste
                        cwd=f"{ctx.host.sglang_checkout}/sgl-kernel")
     inner = Cmd.of("bash", "-c", f"date +%s > {shlex.quote(job.dir)}/started && rm -rf "
                                  f"{shlex.quote(job.dir)}/dist && {wheel_cmd.render()}")
-    index = [f"--extra-index-url={ctx.stack.torch.index_url}", *(f"--extra-index-url={u}" for u in
-                                                                 ctx.stack.pip.extra_index_urls),
-             *(f"--trusted-host={h}" for h in ctx.stack.pip.trusted_hosts)]
-    deps = script(f"{shlex.quote(_py(ctx))} -c 'import scikit_build_core' 2>/dev/null || "
-                  f"{shlex.quote(_py(ctx))} -m pip install --disable-pip-version-check "
-                  f"{' '.join(shlex.quote(a) for a in index)} 'scikit-build-core>=0.10' wheel")
+    # Build tools come from the stack's own indexes only (never a default index the box may not reach).
+    install = pip.install_cmd(ctx, ["scikit-build-core>=0.10", "wheel"], index_url=ctx.stack.pip.index_url,
+                              extra_index_urls=[ctx.stack.torch.index_url])
+    deps = script(f"{shlex.quote(_py(ctx))} -c 'import scikit_build_core' 2>/dev/null || {install.render()}")
     inputs_json = json.dumps({**built.__dict__, "extra_cmake_args": list(built.extra_cmake_args),
                               "host": ctx.host.name, "key": key, "jobs": jobs})
     wheel_expr = f"$(ls {shlex.quote(job.dir)}/dist/*.whl | head -n1)"

@@ -50,6 +50,7 @@ def render_inventory(fleet: "SimFleet", hosts: list["SimHost"], *, known_hosts: 
         "[defaults.stack.sglang]",
         f"remote = {_q(fleet.upstream_url)}",
         "[defaults.stack.pip]",
+        f"index_url = {idx}",
         f"trusted_hosts = [{_q(CONTROL_ADDR)}]",
         "",
         "[groups]",
