@@ -219,7 +219,8 @@ def _build_step(ctx: PlanContext, built: BuildInputs, key: str, why: str) -> Ste
     # Build tools come from the stack's own indexes only (never a default index the box may not reach).
     install = pip.install_cmd(ctx, ["scikit-build-core>=0.10", "wheel"], index_url=ctx.stack.pip.index_url,
                               extra_index_urls=[ctx.stack.torch.index_url])
-    deps = script(f"{shlex.quote(_py(ctx))} -c 'import scikit_build_core' 2>/dev/null || {install.render()}")
+    # braces: install renders as `cd / && ...`, and `a || cd / && b` would run b whatever a says (seen on a real H200)
+    deps = script(f"{shlex.quote(_py(ctx))} -c 'import scikit_build_core' 2>/dev/null || {{ {install.render()}; }}")
     inputs_json = json.dumps({**built.__dict__, "extra_cmake_args": list(built.extra_cmake_args),
                               "host": ctx.host.name, "key": key, "jobs": jobs})
     wheel_expr = f"$(ls {shlex.quote(job.dir)}/dist/*.whl | head -n1)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -361,3 +362,73 @@ def test_the_whole_run():
     timings = dict((line.split("\t")[0], line.split("\t")[2]) for line in read("timings.tsv").splitlines())
     assert float(timings["total"]) < 120
     assert "done: build.py exit 0" in read("run.log")
+
+
+# --- after the CUDACXX fix: the role as it is, on another H200 of the kind (19:05 UTC) ------------------------------
+
+AFTER = "after-fix"
+KEY_UPGRADE_AFTER = "bf68ddcad063c4659f61efec05489eaedb5a896a0d1500ff74e6250d913f7aac"  # compile_threads = 2
+
+
+def test_after_the_fix_the_role_as_it_is_built_on_the_h200():
+    summary = json.loads(read(f"{AFTER}/summary.json"))
+    assert summary["ok"] and summary["ssh_env"][:2] == [f"PATH={LOGIN_PATH}", "which nvcc: -"]
+    first = json.loads(read("summary.json"))["sources"]
+    assert summary["sources"]["roles/sgl_kernel.py"] != first["roles/sgl_kernel.py"]
+    a, up = summary["attempts"]
+    assert (a["tag"], a["ok"], a["follow_rc"], a["extra_cmake_args"], a["key"]) == ("as-is", True, 0, [], KEY_AS_IS)
+    assert a["start_again"] == "finished 0" and a["wait_cmd_pickup"]["exit_code"] == 0
+    assert a["outage"]["rc_file_when_up"] is None and a["drop"]["closed"]  # both drops again, mid-build
+    assert (up["tag"], up["outcome"], up["again"], up["key"]) == ("upgrade", "ok", ["unchanged"], KEY_UPGRADE_AFTER)
+    assert "CUDACXX=/usr/local/cuda/bin/nvcc" in json.loads(read(f"{AFTER}/build-command-as-is.json"))["inner"]
+    for key in (KEY_AS_IS, KEY_UPGRADE_AFTER):
+        env = dict(line.split(" ", 1)[1].split("=", 1) for line in read(f"{AFTER}/builds/{key}/gpufleet-env.txt")
+                   .splitlines() if line.startswith(("env ", "cmake ")))
+        assert env["CUDACXX"] == env["CMAKE_CUDA_COMPILER"] == "/usr/local/cuda/bin/nvcc"
+        assert env["PATH"] == LOGIN_PATH and not env["CMAKE_ARGS"].count("CMAKE_CUDA_COMPILER")
+        assert Record.from_json(read(f"{AFTER}/builds/{key}/record.json")).archs == ["sm_90a"]
+        assert read(f"{AFTER}/builds/{key}/exit-code") == "0\n"
+    log, seen = followed_log_of(f"{AFTER}/results-as-is.jsonl")
+    assert log == read(f"{AFTER}/builds/{KEY_AS_IS}/build.log") and seen[-1][:2] == (0, "finished")
+    out = json.loads(read(f"{AFTER}/kernel-check.json"))
+    assert out["ok"] and out["arch_probe"] == {"cuda_arch": 900, "sm90a_features": True}
+    assert all(c["bytes_mismatched"] == 0 for c in out["checks"])
+    assert Record.from_json(read(f"{AFTER}/installed-record.json")).key == KEY_UPGRADE_AFTER
+
+
+def followed_log_of(name: str) -> tuple[str, list[tuple[int | None, str, int]]]:
+    offset, text, seen = 0, "", []
+    for line in read(name).splitlines():
+        r = json.loads(line)
+        if r["step"] != "detached follow" or r["output"] is None or "@@rc " not in r["output"]:
+            continue
+        rc, st, size, data = detached._parse_poll(r["output"])
+        text += data if size > offset else ""
+        offset = max(offset, size)
+        seen.append((rc, st, size))
+    return text, seen
+
+
+def _deps_script(tmp_path: Path) -> str:
+    step, _ = replan("as-is", tmp_path)
+    deps = next(c for c in step.commands if "import scikit_build_core" in c.render())
+    return deps.argv[2]
+
+
+@pytest.mark.parametrize("import_rc, installs", [(0, False), (1, True)])
+def test_build_tools_are_installed_only_when_scikit_build_core_is_missing(import_rc, installs, tmp_path):
+    """On the H200 at 19:05 the check ran pip although `import scikit_build_core` worked: `a || cd / && pip ...` runs
+    pip whatever a says. The role's command now groups the install."""
+    ran = [json.loads(line) for line in read(f"{AFTER}/results-as-is.jsonl").splitlines()]
+    real = next(r for r in ran if "import scikit_build_core" in r.get("command", ""))
+    assert "|| cd / && env" in real["command"]
+    assert "Requirement already satisfied: scikit-build-core>=0.10" in real["output"]
+    python = tmp_path / "python"
+    marker = tmp_path / "pip-ran"
+    python.write_text(f"#!/bin/sh\n[ \"$1\" = -c ] && exit {import_rc}\necho \"$@\" > {marker}\n")
+    python.chmod(0o755)
+    text = _deps_script(tmp_path).replace("/opt/torch/.venv/bin/python", str(python))
+    subprocess.run(["bash", "-c", text], check=True, cwd=tmp_path)
+    assert marker.exists() == installs
+    if installs:
+        assert "-m pip install" in marker.read_text() and "scikit-build-core>=0.10" in marker.read_text()
