@@ -211,8 +211,9 @@ def _build_step(ctx: PlanContext, built: BuildInputs, key: str, why: str) -> Ste
     settings = [f"--config-settings=build-dir={job.dir}/cmake-build"]
     if cfg.enable_fp4:
         settings.append("--config-settings=cmake.define.SGL_KERNEL_ENABLE_FP4=1")
+    # --verbose: CMake's and the compiler's lines reach build.log, so following a long build shows its progress.
     wheel_cmd = Cmd.of(_py(ctx), "-m", "pip", "wheel", ".", "--no-build-isolation", "--no-deps",
-                       "--disable-pip-version-check", "-w", f"{job.dir}/dist", *settings, env=env,
+                       "--disable-pip-version-check", "--verbose", "-w", f"{job.dir}/dist", *settings, env=env,
                        cwd=f"{ctx.host.sglang_checkout}/sgl-kernel")
     inner = Cmd.of("bash", "-c", f"date +%s > {shlex.quote(job.dir)}/started && rm -rf "
                                  f"{shlex.quote(job.dir)}/dist && {wheel_cmd.render()}")
