@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
@@ -18,6 +19,7 @@ from gpufleet.fetch import WheelCache
 from gpufleet.health import Gate
 from gpufleet.hoststate import RunInfo
 from gpufleet.output import emit
+from gpufleet.roll_progress import RollProgress
 from gpufleet.roll import Roll, RollSummary, RunRecord, last_stopped, plan_batches, runs_dir, utc_stamp
 from gpufleet.stack import host_stacks
 from roles.model_server import ModelServer, served_name
@@ -55,7 +57,8 @@ def roll(kind: str, command: str, inventory=None, stack=None, host=None, hosts=N
     token = read_hf_token(hf_token_file)
     secrets = {"HF_TOKEN": token} if token else {}
     hidden = tuple(secrets.values())
-    say = (lambda line: None) if as_json else (lambda line: emit(mask(line, hidden)))
+    # Every part of the roll writes through this one sink, so a live view can take over all output at once.
+    say = _Sink((lambda line: None) if as_json else (lambda line: emit(mask(line, hidden))))
     record_root = runs_dir(REPO / "runs")
     inventory_file = str(inv.path.resolve())
     if resume:
@@ -117,7 +120,10 @@ def roll(kind: str, command: str, inventory=None, stack=None, host=None, hosts=N
             result.steps.append(f"healthy again on the old stack after {health['health_seconds']} s")
 
     roller = Roll(inv, procedure, None if no_rollback else recover, max_fail=int(max_fail), say=say, secrets=hidden)
-    roller.run(chosen, summary, record, skip=skip)
+    if as_json or not render.console.is_terminal:
+        roller.run(chosen, summary, record, skip=skip)
+    else:
+        _run_live(roller, chosen, summary, record, skip, hidden, say)
     if as_json:
         render.print_json(summary.to_json())
     else:
@@ -125,6 +131,29 @@ def roll(kind: str, command: str, inventory=None, stack=None, host=None, hosts=N
         render.console.print(f"roll {summary.status}; record: {record.dir}")
     return 0 if summary.status == "completed" and all(r.outcome in ("ok", "unchanged")
                                                       for r in summary.results.values()) else 1
+
+
+class _Sink:
+    """A say() whose destination can change while the roll runs."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __call__(self, line: str) -> None:
+        self.target(line)
+
+
+def _run_live(roller: Roll, chosen, summary, record, skip, hidden, sink: _Sink) -> None:
+    """On a terminal: the output lines scroll above a live table of each host's state, step and time."""
+    progress = RollProgress([h.name for h in chosen])
+    with Live(get_renderable=progress.table, console=render.console, refresh_per_second=2, transient=True) as live:
+        def show(line: str) -> None:
+            line = mask(line, hidden)
+            progress.line(line)
+            live.console.print(escape(line))
+        sink.target = show
+        roller.on_host_done = lambda result: progress.finish(result.host, result.outcome)
+        roller.run(chosen, summary, record, skip=skip)
 
 
 def _fresh(name: str):

@@ -163,6 +163,7 @@ class Roll:
     max_fail: int = 0
     say: Callable[[str], None] = print
     secrets: tuple[str, ...] = ()
+    on_host_done: Callable[[HostResult], None] | None = None  # e.g. the live view
 
     def run(self, hosts: list, summary: RollSummary, record: RunRecord, skip: set[str] = frozenset()) -> RollSummary:
         by_name = {h.name: h for h in hosts}
@@ -221,4 +222,6 @@ class Roll:
             result.seconds = round(time.monotonic() - started, 1)
             record.log_session(session)
             record.save()
+            if self.on_host_done:
+                self.on_host_done(result)
         return result
