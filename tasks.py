@@ -69,7 +69,7 @@ def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, ac
     from gpufleet import cli_roll, cli_upgrade
 
     if cli_roll.should_roll(inventory, host, hosts, resume, canary, dry_run):
-        _exit(cli_roll.roll("upgrade", cli_roll.command_line("upgrade"), inventory, stack, host, hosts, canary, batch,
+        _exit(cli_roll.roll("upgrade", cli.command_line("upgrade"), inventory, stack, host, hosts, canary, batch,
                             max_fail, no_rollback, resume, hf_token_file, False, accept_new_host_keys, json))
     else:
         _exit(cli_upgrade.upgrade(inventory, stack, host, hosts, json, accept_new_host_keys, dry_run))
@@ -88,7 +88,7 @@ def deploy_model(c, host=None, hosts=None, inventory=None, stack=None, json=Fals
     from gpufleet import cli_deploy, cli_roll
 
     if cli_roll.should_roll(inventory, host, hosts, resume, canary, dry_run):
-        _exit(cli_roll.roll("deploy-model", cli_roll.command_line("deploy-model"), inventory, stack, host, hosts,
+        _exit(cli_roll.roll("deploy-model", cli.command_line("deploy-model"), inventory, stack, host, hosts,
                             canary, batch, max_fail, no_rollback, resume, hf_token_file, download,
                             accept_new_host_keys, json))
     else:

@@ -21,6 +21,14 @@ DEFAULT_INVENTORY = "hosts/sim.toml"
 DEFAULT_STACK = "stack.toml"
 
 
+def command_line(task: str) -> str:
+    """The command as the user typed it (recorded in host locks, audit logs and roll records)."""
+    import shlex
+    import sys
+
+    return shlex.join(["inv", *sys.argv[1:]]) if len(sys.argv) > 1 else f"inv {task}"
+
+
 def user_errors(fn):
     """Print a GpufleetError as one clear message and exit 2, without a stack trace."""
     @functools.wraps(fn)

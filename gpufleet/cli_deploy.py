@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet import render
 from gpufleet.apply import HostReport, Upgrade
-from gpufleet.cli import REPO, load, selection
+from gpufleet.cli import REPO, command_line, load, selection
 from gpufleet.command import mask
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.health import Gate
@@ -54,10 +53,6 @@ def read_hf_token(path: str | None) -> str | None:
     return token or None
 
 
-def command_line() -> str:
-    return shlex.join(["inv", *sys.argv[1:]]) if len(sys.argv) > 1 else "inv deploy-model"
-
-
 def deploy_model(inventory=None, stack=None, host=None, hosts=None, dry_run=False, as_json=False, download=False,
                  hf_token_file=None, accept_new_host_keys=False) -> int:
     """Deploy the model server on the selected hosts (or show the plan); 1 when any host failed."""
@@ -69,8 +64,8 @@ def deploy_model(inventory=None, stack=None, host=None, hosts=None, dry_run=Fals
     hidden = tuple(secrets.values())
     # With --json, stdout is the JSON document: live lines go to stderr.
     say = (lambda line: emit(mask(line, hidden), sys.stderr)) if as_json else (lambda line: emit(mask(line, hidden)))
-    run = Upgrade(roles=[ModelServer(secrets=secrets, download=download)], run=RunInfo.current(command_line()),
-                  repo=REPO, dry_run=dry_run, say=say, command_timeout=inv.settings.command_timeout)
+    run = Upgrade(roles=[ModelServer(secrets=secrets, download=download)],
+                  run=RunInfo.current(command_line("deploy-model")), repo=REPO, dry_run=dry_run, say=say, command_timeout=inv.settings.command_timeout)
 
     def work(session) -> Deployed:
         return deploy_one(run, session, stacks[session.name], say)

@@ -20,7 +20,7 @@ from gpufleet.health import Gate
 from gpufleet.hoststate import RunInfo
 from gpufleet.output import emit
 from gpufleet.roll_progress import RollProgress
-from gpufleet.roll import Roll, RollSummary, RunRecord, last_stopped, plan_batches, runs_dir, utc_stamp
+from gpufleet.roll import HostResult, Roll, RollSummary, RunRecord, last_stopped, plan_batches, runs_dir, utc_stamp
 from gpufleet.stack import host_stacks
 from roles.model_server import ModelServer, served_name
 
@@ -30,13 +30,6 @@ STYLE = {"ok": "green", "unchanged": "green", "failed": "red", "rolled-back": "y
 
 class StepFailed(GpufleetError):
     """One stage of a host's procedure failed; the message names the stage and the cause."""
-
-
-def command_line(kind: str) -> str:
-    import shlex
-    import sys
-
-    return shlex.join(["inv", *sys.argv[1:]]) if len(sys.argv) > 1 else f"inv {kind}"
 
 
 def should_roll(inventory, host, hosts, resume: bool, canary: str | None, dry_run: bool) -> bool:
@@ -75,7 +68,7 @@ def roll(kind: str, command: str, inventory=None, stack=None, host=None, hosts=N
     summary = RollSummary(kind, utc_stamp(), command, [h.name for h in chosen], batches, int(max_fail),
                           resumed_from=previous.started if previous else None, inventory=inventory_file,
                           pid=os.getpid())
-    summary.results = {h.name: (previous.results[h.name] if previous and h.name in skip else _fresh(h.name))
+    summary.results = {h.name: (previous.results[h.name] if previous and h.name in skip else HostResult(h.name))
                        for h in chosen}
     record = RunRecord(record_root, summary)
     say(f"rolling {kind} over {len(chosen)} host(s): {' | '.join(', '.join(b) for b in batches)}; "
@@ -154,12 +147,6 @@ def _run_live(roller: Roll, chosen, summary, record, skip, hidden, sink: _Sink) 
         sink.target = show
         roller.on_host_done = lambda result: progress.finish(result.host, result.outcome)
         roller.run(chosen, summary, record, skip=skip)
-
-
-def _fresh(name: str):
-    from gpufleet.roll import HostResult
-
-    return HostResult(name)
 
 
 def _upgrade_roles():

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from gpufleet import render
 from gpufleet.apply import HostReport, Upgrade
-from gpufleet.cli import REPO, load, selection
+from gpufleet.cli import REPO, command_line, load, selection
 from gpufleet.facts.checkout import redact_url
 from gpufleet.fetch import WheelCache
 from gpufleet.hoststate import RunInfo
@@ -23,10 +23,6 @@ STATUS_STYLE = {"planned": "[yellow]will change[/]", "unchanged": "[green]unchan
                 "verified": "[green]verified[/]", "failed": "[bold red]FAILED[/]", "running": "[red]interrupted[/]"}
 
 
-def command_line() -> str:
-    return "inv " + " ".join(sys.argv[1:]) if len(sys.argv) > 1 else "inv upgrade"
-
-
 def upgrade(inventory=None, stack=None, host=None, hosts=None, as_json=False, accept_new_host_keys=False,
             dry_run=False) -> int:
     """Bring the selected hosts to their stack (or show the plan); 1 when any host failed."""
@@ -37,8 +33,8 @@ def upgrade(inventory=None, stack=None, host=None, hosts=None, as_json=False, ac
     stacks = host_stacks(base, inv, chosen)  # bad overrides fail here, before any connection
     # With --json, stdout is the JSON document: live lines go to stderr.
     say = (lambda line: emit(line, sys.stderr)) if as_json else emit
-    run = Upgrade(roles=ROLES, run=RunInfo.current(command_line()), repo=REPO, dry_run=dry_run, wheels=WheelCache(),
-                  say=say, command_timeout=inv.settings.command_timeout)
+    run = Upgrade(roles=ROLES, run=RunInfo.current(command_line("upgrade")), repo=REPO, dry_run=dry_run,
+                  wheels=WheelCache(), say=say, command_timeout=inv.settings.command_timeout)
     outcomes = for_each_host(chosen, inv, lambda session: run.host(session, stacks[session.name]))
     reports = [o.value if o.ok else HostReport(o.host, dry_run, outcome=o.kind, error=o.error) for o in outcomes]
     if as_json:
