@@ -107,6 +107,24 @@ def rollback(c, host=None, hosts=None, inventory=None, stack=None, snapshot=None
     _exit(cli_rollback.rollback_hosts(inventory, stack, host, hosts, snapshot, dry_run, json, accept_new_host_keys))
 
 
+@fleet_task(name="probe-backends", help={
+    **_COMMON, "apply": "write the fastest correct set into the host's inventory entry and redeploy it",
+    "dry-run": "list the candidate backend sets (and with --json each one's argv) and change nothing",
+    "hf-token-file": _ROLL["hf-token-file"] + " (used by --apply's redeploy)"})
+@cli.user_errors
+def probe_backends(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False,
+                   apply=False, dry_run=False, hf_token_file=None):
+    """Start the server with each backend set of [probe] (attention x MoE x FP4 GEMM x speculative), check known
+    answers, measure tokens/s and load time, show the table; the host serves again afterwards.
+
+    The production server is stopped meanwhile and put back (or, with --apply, redeployed with the fastest
+    correct set); hosts are probed one after another under their host lock. Exit 1 when no set was correct."""
+    from gpufleet import cli_probe
+
+    _exit(cli_probe.probe_backends(inventory, stack, host, hosts, apply, dry_run, json, hf_token_file,
+                                   accept_new_host_keys))
+
+
 @task(name="up", help={"count": "how many simulated GPU servers to boot (default 3)",
                         "inventory": "where to write their inventory (default hosts/sim.toml)"})
 @cli.user_errors
@@ -139,4 +157,5 @@ ns = Collection(facts, status, upgrade)
 ns.add_task(deploy_model)
 ns.add_task(patches)
 ns.add_task(rollback)
+ns.add_task(probe_backends)
 ns.add_collection(Collection("sim", sim_up, sim_down, sim_status))

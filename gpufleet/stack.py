@@ -281,6 +281,56 @@ class ServerStack(Section):
         return v
 
 
+class KnownAnswer(Section):
+    """A prompt whose answer is known: correct output contains expect (case-insensitive)."""
+
+    prompt: str
+    expect: str
+
+    @field_validator("prompt", "expect")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty (an empty expectation is always found)")
+        return v
+
+
+Word = Annotated[str, AfterValidator(_word)]
+
+
+def _distinct(values: list) -> list:
+    if not values:
+        raise ValueError("must list at least one value (the probe multiplies the lists: an empty one means no "
+                         "candidate at all)")
+    seen = [v for i, v in enumerate(values) if v in values[:i]]
+    if seen:
+        raise ValueError(f"lists {seen[0]!r} twice")
+    return values
+
+
+class ProbeStack(Section):
+    """`inv probe-backends`: candidate backend sets (the lists' cartesian product) and how each is judged."""
+
+    # Defaults: the community SM120 recipe first, then the alternatives that changed correctness across releases.
+    # Each candidate loads the whole model (many minutes for 397B), so the default product is kept to 8.
+    attention_backends: list[Word] = Field(["triton", "flashinfer"], validate_default=True)
+    moe_runner_backends: list[Word] = Field(["flashinfer_cutlass"], validate_default=True)
+    fp4_gemm_backends: list[Word] = Field(["flashinfer_cudnn", "flashinfer_cutlass"], validate_default=True)
+    # true: the host's [server.speculative] (stack.toml's when the host turned it off); false: algorithm "none".
+    speculative: list[bool] = Field([True, False], validate_default=True)
+    prompts: list[KnownAnswer] = Field([
+        KnownAnswer(prompt="What is the capital of France? Answer with one word.", expect="Paris"),
+        KnownAnswer(prompt="What is 17 + 25? Answer with the number only.", expect="42"),
+        KnownAnswer(prompt="Spell the word 'apple' backwards. Answer with the word only.", expect="elppa"),
+    ], min_length=1)
+    answer_max_tokens: int = Field(64, ge=1)
+    throughput_prompt: str = "Write a detailed essay on the history of the printing press."
+    throughput_max_tokens: int = Field(512, ge=1)
+    health_timeout: float = Field(1800, gt=0)  # per candidate: from its start to /health 200
+
+    _d = field_validator("attention_backends", "moe_runner_backends", "fp4_gemm_backends", "speculative")(_distinct)
+
+
 class PipStack(Section):
     """Extra indexes and hosts pip must trust (plain-http indexes need the latter)."""
 
@@ -299,6 +349,7 @@ class Stack(Section):
     model: ModelStack = ModelStack()
     server: ServerStack = ServerStack()
     pip: PipStack = PipStack()
+    probe: ProbeStack = ProbeStack()
 
     @model_validator(mode="before")
     @classmethod

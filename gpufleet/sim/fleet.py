@@ -222,6 +222,15 @@ class SimFleet:
         data.update(overrides)
         path.write_text(json.dumps(data))
 
+    def set_backends(self, name: str, behaviour: dict | None) -> None:
+        """Tell the host's stand-in server what each backend set does (launch_server.Behaviour: wrong answers, fails
+        to start, tokens per second, load time); None removes the file (every set works). Read at each launch."""
+        path = self.host_root(name) / "etc/gpufleet-sim/backends.json"
+        if behaviour is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(json.dumps(behaviour, indent=2))
+
     def ssh_argv(self, name: str) -> list[str]:
         """An OpenSSH command line to the host with the fleet's key and known_hosts (for tests and debugging)."""
         return ["ssh", "-i", str(self.client_key), "-o", f"UserKnownHostsFile={self.known_hosts}",

@@ -16,6 +16,12 @@ from pathlib import Path
 
 FAIL_HEALTH_FILE = "/etc/gpufleet-sim/fail-health"
 GARBAGE_FILE = "/etc/gpufleet-sim/garbage-output"
+# What each backend set does on this (simulated) GPU: see Behaviour. Absent: every set works, instantly.
+BACKENDS_FILE = "/etc/gpufleet-sim/backends.json"
+BACKEND_KEYS = ("attention_backend", "moe_runner_backend", "fp4_gemm_backend", "speculative_algorithm")
+# Questions the stand-in "knows": a correct backend set answers them right (the probe's known answers).
+KNOWN_ANSWERS = {"capital of france": "The capital of France is Paris.", "17 + 25": "17 + 25 = 42.",
+                 "'apple' backwards": "elppa"}
 logger = logging.getLogger("sglang.launch_server")
 
 
@@ -36,6 +42,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp", type=int, default=1)
     parser.add_argument("--context-length", type=int, default=262144)
     parser.add_argument("--enable-torch-symm-mem", action="store_true")
+    parser.add_argument("--attention-backend")
+    parser.add_argument("--moe-runner-backend", default="auto")
+    parser.add_argument("--fp4-gemm-backend", default="auto")
+    parser.add_argument("--speculative-algorithm")
+    parser.add_argument("--speculative-num-steps", type=int)
+    parser.add_argument("--speculative-eagle-topk", type=int)
+    parser.add_argument("--speculative-num-draft-tokens", type=int)
+    parser.add_argument("--speculative-draft-model-path")
     # Every other sglang flag is accepted and ignored.
     return parser.parse_known_args(argv)
 
@@ -48,12 +62,68 @@ def garbage_output() -> bool:
     return os.environ.get("SGLANG_SIM_GARBAGE") == "1" or os.path.exists(GARBAGE_FILE)
 
 
-def answer(prompt: str) -> str:
-    if garbage_output():
-        return "!!!!!!!!!!!!!!!!"
-    if "capital of france" in prompt.lower():
-        return "The capital of France is Paris."
+class Behaviour:
+    """What this launch's backend set does, from BACKENDS_FILE:
+
+        {"default": {"tokens_per_second": 100, "load_seconds": 1},
+         "rules": [{"when": {"attention_backend": "flashinfer"}, "wrong_answers": true, "tokens_per_second": 500},
+                   {"when": {"fp4_gemm_backend": "flashinfer_cudnn", "speculative_algorithm": "none"},
+                    "fail_start": "CUDNN_STATUS_NOT_SUPPORTED: no engine for this FP4 GEMM on sm_120"}]}
+
+    A rule applies when every key of "when" equals the launch's value (speculative_algorithm "none" when off);
+    later rules override earlier ones. tokens_per_second: completion tokens are really emitted at that rate (the
+    reply waits for them); load_seconds: time to /health 200; wrong_answers: garbage text; fail_start: the message
+    the launch dies with."""
+
+    def __init__(self, values: dict | None = None):
+        values = values or {}
+        self.tokens_per_second = values.get("tokens_per_second")
+        self.load_seconds = values.get("load_seconds")
+        self.wrong_answers = bool(values.get("wrong_answers"))
+        self.fail_start = values.get("fail_start") or None
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, path: str = BACKENDS_FILE) -> "Behaviour":
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            return cls()
+        chosen = backend_values(args)
+        merged = dict(data.get("default") or {})
+        for rule in data.get("rules") or []:
+            if all(str(chosen.get(k)) == str(v) for k, v in (rule.get("when") or {}).items()):
+                merged.update({k: v for k, v in rule.items() if k != "when"})
+        return cls(merged)
+
+
+def backend_values(args: argparse.Namespace) -> dict[str, str]:
+    """The launch's backend set, named as in BACKENDS_FILE rules."""
+    return {"attention_backend": args.attention_backend or "auto", "moe_runner_backend": args.moe_runner_backend,
+            "fp4_gemm_backend": args.fp4_gemm_backend,
+            "speculative_algorithm": (args.speculative_algorithm or "none").upper().replace("NONE", "none")}
+
+
+BEHAVIOUR = Behaviour()
+
+
+def answer(prompt: str, max_tokens: int | None = None) -> str:
+    """Known questions get their answer; any other prompt a text of max_tokens words (a long generation)."""
+    if garbage_output() or BEHAVIOUR.wrong_answers:
+        # A broken kernel still generates at full length: garbage, token after token.
+        return " ".join(["!!!!!!!!!!!!!!!!"] * max(1, min(max_tokens or 1, 4096)))
+    lowered = prompt.lower()
+    for question, reply in KNOWN_ANSWERS.items():
+        if question in lowered:
+            return reply
+    if max_tokens:
+        return " ".join(f"w{i}" for i in range(max_tokens))
     return f"This is a simulated answer to: {' '.join(prompt.split()[:12])}"
+
+
+def emit_at_rate(text: str) -> None:
+    """Wait as long as generating text's tokens takes at the backend set's rate."""
+    if BEHAVIOUR.tokens_per_second:
+        time.sleep(len(text.split()) / float(BEHAVIOUR.tokens_per_second))
 
 
 def check_model(model_path: str) -> None:
@@ -105,7 +175,8 @@ class State:
         self.versions = versions
         self.extra = extra
         self.model_name = args.served_model_name or Path(args.model_path.rstrip("/")).name
-        self.ready_at = time.monotonic() + float(os.environ.get("SGLANG_SIM_WARMUP", "2"))
+        load = BEHAVIOUR.load_seconds if BEHAVIOUR.load_seconds is not None else os.environ.get("SGLANG_SIM_WARMUP", "2")
+        self.ready_at = time.monotonic() + float(load)
         self.created = int(time.time())
 
     def ready(self) -> bool:
@@ -137,14 +208,16 @@ def usage(prompt: str, text: str) -> dict:
 def generate_reply(state: State, body: dict) -> dict:
     prompt = body.get("text") or ""
     prompt = prompt[0] if isinstance(prompt, list) and prompt else str(prompt)
-    text = answer(prompt)
+    text = answer(prompt, (body.get("sampling_params") or {}).get("max_new_tokens"))
+    emit_at_rate(text)
     meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": "stop", "matched": None}, **usage(prompt, text)}
     return {"text": text, "meta_info": meta}
 
 
 def chat_reply(state: State, body: dict) -> dict:
     prompt = prompt_of_messages(body.get("messages") or [])
-    text = answer(prompt)
+    text = answer(prompt, body.get("max_tokens") or body.get("max_completion_tokens"))
+    emit_at_rate(text)
     return {
         "id": uuid.uuid4().hex,
         "object": "chat.completion",
@@ -159,7 +232,8 @@ def chat_reply(state: State, body: dict) -> dict:
 
 def completion_reply(state: State, body: dict) -> dict:
     prompt = str(body.get("prompt") or "")
-    text = answer(prompt)
+    text = answer(prompt, body.get("max_tokens"))
+    emit_at_rate(text)
     return {"id": uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
             "model": body.get("model") or state.model_name,
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}],
@@ -238,12 +312,28 @@ def announce_ready(state: State) -> None:
         logger.info("The server is fired up and ready to roll!")
 
 
+def fail_start(args: argparse.Namespace, message: str) -> None:
+    """Die during load as the real server does when a backend cannot run: the scheduler's traceback, exit 1."""
+    time.sleep(float(BEHAVIOUR.load_seconds or 0) / 2)
+    logger.info("backends: %s", backend_values(args))
+    logger.error("Scheduler hit an exception: Traceback (most recent call last):\n"
+                 '  File "sglang/srt/managers/scheduler.py", line 2615, in run_scheduler_process\n'
+                 '  File "sglang/srt/model_executor/model_runner.py", line 411, in initialize\n'
+                 "RuntimeError: %s", message)
+    logger.error("Received sigquit from a child process. It usually means the child failed.")
+    sys.exit(1)
+
+
 def launch(argv: list[str]) -> None:
+    global BEHAVIOUR
     args, ignored = parse_args(argv)
     logger.info("server_args=%s ignored=%s", vars(args), ignored)
     check_model(args.model_path)
     versions = load_stack()
     major, _ = check_gpus(args.tp)
+    BEHAVIOUR = Behaviour.of(args, os.environ.get("SGLANG_SIM_BACKENDS", BACKENDS_FILE))
+    if BEHAVIOUR.fail_start:
+        fail_start(args, str(BEHAVIOUR.fail_start))
     extra = {"torch_symm_mem": setup_symm_mem(args.tp, major)} if args.enable_torch_symm_mem else {}
     server = _Server((args.host, args.port), Handler)
     Handler.state = State(args, versions, extra)
