@@ -128,7 +128,7 @@ class PushReport:
     """One push to one host: each item's outcome, which pipe carried the data, and the time spent."""
 
     host: str
-    method: str
+    method: str  # "openssh" or "paramiko"; "" when nothing had to be sent
     files: list[PushedFile] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -370,8 +370,14 @@ def _send_paramiko(session, items, done) -> tuple[str, str]:
         chan.close()
 
 
-def default_method() -> str:
-    return "openssh" if shutil.which("ssh") else "paramiko"
+# Below this many bytes the OpenSSH path's own connection (~0.2 s to set up on the sim host) costs more than its
+# speed gains over the session's already open paramiko transport (bench_push.py: the crossover is ~200 MB).
+OPENSSH_MIN_BYTES = 128 << 20
+
+
+def choose_method(bytes_to_send: int, ssh_binary: str | None) -> str:
+    """OpenSSH for large pushes when an ssh binary exists; the open paramiko transport otherwise."""
+    return "openssh" if ssh_binary and bytes_to_send >= OPENSSH_MIN_BYTES else "paramiko"
 
 
 def _mb(size: int) -> str:
@@ -382,12 +388,11 @@ def push_files(session, files: list[PushItem], *, say: Callable[[str], None] = l
                method: str | None = None) -> PushReport:
     """Put files on session's host: one check, one stream of what is missing, each verified there and renamed."""
     started = time.monotonic()
-    method = method or default_method()
-    if method not in ("openssh", "paramiko"):
+    if method not in (None, "openssh", "paramiko"):
         raise ValueError(f"unknown push method {method!r}")
     items = list(files)
     validate(session.name, items)
-    report = PushReport(session.name, method)
+    report = PushReport(session.name, method or "")
     if not items:
         return report
     check = session.run(check_command(items), step="push: which files are already there", check=True)
@@ -407,7 +412,9 @@ def push_files(session, files: list[PushItem], *, say: Callable[[str], None] = l
             rate = size / 1e6 / seconds if seconds > 0 else float("inf")
             say(f"{posixpath.basename(item.remote)}: {_mb(size)} sent in {seconds:.1f}s ({rate:.0f} MB/s)")
 
-        send = _send_openssh if method == "openssh" else _send_paramiko
+        size = sum(Path(item.local).stat().st_size for item in missing)
+        report.method = method or choose_method(size, shutil.which("ssh"))
+        send = _send_openssh if report.method == "openssh" else _send_paramiko
         if not session.alive:
             session.open()
         output, stderr = send(session, missing, done)

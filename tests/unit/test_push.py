@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from gpufleet.inventory import Host, Settings
-from gpufleet.push import (PushError, PushItem, check_command, openssh_argv, parse_check, parse_receive,
-                           receive_command, validate, write_stream)
+from gpufleet.push import (OPENSSH_MIN_BYTES, PushError, PushItem, check_command, choose_method, openssh_argv,
+                           parse_check, parse_receive, receive_command, validate, write_stream)
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64
@@ -181,3 +181,9 @@ def test_openssh_argv_jump_host_gets_its_own_options_and_escaped_tokens(tmp_path
     assert f"UserKnownHostsFile={tmp_path}/k%%h" in argv
     assert f"UserKnownHostsFile={tmp_path}/k%%%%h" in proxy
     assert "-o StrictHostKeyChecking=yes" in proxy
+
+
+def test_large_pushes_go_over_openssh_small_ones_over_the_open_transport():
+    assert choose_method(OPENSSH_MIN_BYTES, "/usr/bin/ssh") == "openssh"
+    assert choose_method(OPENSSH_MIN_BYTES - 1, "/usr/bin/ssh") == "paramiko"
+    assert choose_method(10 * OPENSSH_MIN_BYTES, None) == "paramiko"  # no ssh binary: the fallback
