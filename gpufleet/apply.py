@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,10 +12,15 @@ from typing import Callable, Sequence
 from gpufleet import buildcache, hoststate
 from gpufleet.command import Cmd
 from gpufleet.errors import GpufleetError, RemoteCommandError
-from gpufleet.fetch import WheelCache
+from gpufleet.facts.checkout import redact_url
+from gpufleet.fetch import WheelCache, fetch_pip_wheel, sha256_of
 from gpufleet.gather import gather_facts
 from gpufleet.hoststate import HostLockedError, RunInfo
+from gpufleet.lock import FleetLock
 from gpufleet.plan import PlanContext, Role, Step, Unchanged, Upload, brief
+
+TOOLS_DIR = "/var/cache/gpufleet/tools"  # gpufleet's own pip wheel on each host
+RESOLVER_PIP = "26.3"  # the pip that resolves and installs on every host: its dry run reads metadata only
 
 # Entry statuses: planned (dry run), unchanged (the role said so), done-already (its `needed` check said so at
 # apply time), changed, verified (a check-only step passed), failed.
@@ -45,6 +51,7 @@ class HostReport:
     snapshot: str | None = None
     lock_holder: str | None = None  # dry run: another run holds the host's lock now
     seconds: float = 0.0
+    wheels: list[dict] = field(default_factory=list)  # files handed over: name, version, filename, url, sha256
 
     @property
     def ok(self) -> bool:
@@ -58,6 +65,7 @@ class HostReport:
                 "error": self.error, "next": self.next_step, "snapshot": self.snapshot,
                 "lock_holder": self.lock_holder, "seconds": round(self.seconds, 2),
                 "changed": [f"{e.item.role}: {e.item.title}" for e in self.with_status("changed")],
+                "wheels": self.wheels,
                 "entries": [e.to_json() for e in self.entries]}
 
 
@@ -75,6 +83,18 @@ class Upgrade:
     read_facts: Callable = gather_facts
     build_cache: buildcache.LocalCache = field(default_factory=buildcache.LocalCache)
     reconnect_for: float = 900.0  # how long a resumable step keeps trying to reach a host that dropped off
+    lock: FleetLock | None = None  # converge every host to this recorded stack
+    resolver_version: str = RESOLVER_PIP
+    _pip_wheels: dict = field(default_factory=dict, repr=False)
+    _pip_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def pip_wheel(self, stack) -> Path:
+        """The pinned pip wheel on the control node, fetched once per run for all hosts."""
+        with self._pip_guard:
+            if self.resolver_version not in self._pip_wheels:
+                self._pip_wheels[self.resolver_version] = fetch_pip_wheel(
+                    self.resolver_version, stack.pip.index_url, stack.pip.trusted_hosts)
+            return self._pip_wheels[self.resolver_version]
 
     def host(self, session, stack) -> HostReport:
         """Plan (dry run) or apply every role on one host; never raises for a failure on the host."""
@@ -87,6 +107,7 @@ class _HostRun:
     def __init__(self, upgrade: Upgrade, session, stack):
         self.up, self.session, self.stack = upgrade, session, stack
         self.report = HostReport(session.name, upgrade.dry_run)
+        self._resolver: Upload | None = None
 
     def say(self, text: str) -> None:
         self.up.say(f"[{self.session.name}] {text}")
@@ -95,7 +116,18 @@ class _HostRun:
         return self.session.run(cmd, step=step, check=False, timeout=self.up.command_timeout)
 
     def context(self, facts) -> PlanContext:
-        return PlanContext(host=self.session.host, stack=self.stack, facts=facts, probe=self.probe, repo=self.up.repo)
+        return PlanContext(host=self.session.host, stack=self.stack, facts=facts, probe=self.probe, repo=self.up.repo,
+                           resolver=self.resolver, lock=self.up.lock)
+
+    def resolver(self) -> Upload:
+        """gpufleet's pip wheel, put on the host once per run: roles resolve and install with it."""
+        if self._resolver is None:
+            local = self.up.pip_wheel(self.stack)
+            up = Upload(local.resolve().as_uri(), sha256_of(local), f"{TOOLS_DIR}/{local.name}", "pip",
+                        self.up.resolver_version)
+            self.upload(None, up)
+            self._resolver = up
+        return self._resolver
 
     def go(self) -> HostReport:
         started = time.monotonic()
@@ -235,21 +267,29 @@ class _HostRun:
             self.report.snapshot = hoststate.snapshot(self.session, self.up.run)
             self.say(f"state before this run saved in {self.report.snapshot}")
 
-    def upload(self, step: Step, up: Upload) -> None:
-        """Put a pinned wheel on the host unless it is there already; fetched once per run for all hosts."""
-        title = f"{step.title}: upload {posixpath.basename(up.remote)}"
+    def upload(self, step: Step | None, up: Upload) -> None:
+        """Put a wheel on the host unless it is there already; fetched once per run (and cached) for all hosts."""
+        title = f"{step.title if step else 'resolver'}: upload {posixpath.basename(up.remote)}"
+        sha = up.sha256
+        local = None
+        if sha is None:  # the index published no hash: what the control node fetched decides
+            local = self.up.wheels.get(up.url, None)
+            sha = self.up.wheels.sha256(local)
+        if step is not None and up.name:
+            self.report.wheels.append({"name": up.name, "version": up.version, "filename":
+                                       posixpath.basename(up.remote), "url": redact_url(up.url), "sha256": sha})
         have = self.session.run(Cmd.of("bash", "-c", '[ -f "$1" ] && sha256sum < "$1"', "sha", up.remote),
                                 step=f"{title}: on the host?", check=False)
-        if have.exit_code == 0 and have.output.split()[:1] == [up.sha256]:
+        if have.exit_code == 0 and have.output.split()[:1] == [sha]:
             return
-        local = self.up.wheels.get(up.url, up.sha256)
+        local = local or self.up.wheels.get(up.url, sha)
         part = f"{up.remote}.part"
         self.session.run(Cmd.of("mkdir", "-p", posixpath.dirname(up.remote)), step=title)
         self.say(f"uploading {local.name} ({local.stat().st_size / 2**20:.1f} MiB)")
         self.session.conn.sftp().put(str(local), part)
         check = ('[ "$(sha256sum < "$1" | cut -d " " -f 1)" = "$2" ] && mv -f -- "$1" "$3" '
                  '|| { echo "uploaded file has the wrong sha256"; rm -f -- "$1"; exit 1; }')
-        self.session.run(Cmd.of("bash", "-c", check, "upload", part, up.sha256, up.remote), step=title)
+        self.session.run(Cmd.of("bash", "-c", check, "upload", part, sha, up.remote), step=title)
 
     def resume_hint(self) -> str:
         failed = next((e for e in self.report.entries if e.status == "failed"), None)

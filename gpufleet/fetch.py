@@ -54,20 +54,33 @@ class WheelCache:
         self._locks: dict[str, threading.Lock] = {}
         self._done: dict[str, Path | FetchError] = {}
 
-    def get(self, url: str, sha256: str) -> Path:
-        """A local file with the pinned content; a failure is remembered so other hosts do not retry it."""
+    def get(self, url: str, sha256: str | None) -> Path:
+        """A local file with the pinned content; a failure is remembered so other hosts do not retry it.
+        Without a pin (an index that publishes no hashes) the file is fetched once per run and hashed here."""
         with self._guard:
             lock = self._locks.setdefault(url, threading.Lock())
         with lock:
             if url not in self._done:
                 try:
-                    self._done[url] = self._obtain(url, sha256.lower())
+                    self._done[url] = (self._obtain(url, sha256.lower()) if sha256 else self._unpinned(url))
                 except FetchError as exc:
                     self._done[url] = exc
             found = self._done[url]
         if isinstance(found, FetchError):
             raise found
         return found
+
+    def sha256(self, path: Path) -> str:
+        """The sha256 of a file this cache handed out (its directory is named by it)."""
+        return path.parent.name if path.parent.parent == self.root else sha256_of(path)
+
+    def _unpinned(self, url: str) -> Path:
+        tmp = self.root / "unpinned" / hashlib.sha256(url.encode()).hexdigest() / wheel_filename(url)
+        self._download(url, tmp, None)
+        path = self.root / sha256_of(tmp) / tmp.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, path)
+        return path
 
     def _obtain(self, url: str, sha256: str) -> Path:
         parts = urlsplit(url)
@@ -89,7 +102,7 @@ class WheelCache:
         if got != sha256:
             raise FetchError(f"{redact_url(url)}: sha256 is {got}, stack.toml pins {sha256}: refusing the wheel")
 
-    def _download(self, url: str, path: Path, sha256: str) -> None:
+    def _download(self, url: str, path: Path, sha256: str | None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         part = path.with_name(path.name + ".part")
         digest = hashlib.sha256()
@@ -102,8 +115,37 @@ class WheelCache:
             part.unlink(missing_ok=True)
             raise FetchError(f"cannot download {redact_url(url)}: {exc}") from None
         self.downloads.append(url)
-        if digest.hexdigest() != sha256:
+        if sha256 is not None and digest.hexdigest() != sha256:
             part.unlink(missing_ok=True)
             raise FetchError(f"{redact_url(url)}: downloaded sha256 is {digest.hexdigest()}, stack.toml pins {sha256}: "
                              f"refusing the wheel")
         os.replace(part, path)
+
+
+def fetch_pip_wheel(version: str, index_url: str, trusted_hosts=(), root: Path | None = None) -> Path:
+    """pip's own wheel at `version`, downloaded once into the control node's cache (a broken copy is refetched):
+    the resolver and installer gpufleet runs on every host."""
+    import subprocess
+    import sys
+    import zipfile
+
+    dest = (root or cache_root()) / "tools"
+    wheel = dest / f"pip-{version}-py3-none-any.whl"
+    if wheel.is_file():
+        try:
+            with zipfile.ZipFile(wheel) as archive:
+                if archive.testzip() is None:
+                    return wheel
+        except zipfile.BadZipFile:
+            pass
+        wheel.unlink()
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--dest",
+           str(dest), f"pip=={version}", "--index-url", index_url]
+    for host in trusted_hosts:
+        cmd += ["--trusted-host", host]
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0 or not wheel.is_file():
+        raise FetchError(f"cannot download pip {version} from {redact_url(index_url)} (the resolver gpufleet runs "
+                         f"on hosts): {(proc.stderr or proc.stdout).strip()[-600:]}")
+    return wheel

@@ -13,6 +13,7 @@ from gpufleet.facts.checkout import redact_url
 if TYPE_CHECKING:
     from gpufleet.facts.model import HostFacts
     from gpufleet.inventory import Host
+    from gpufleet.lock import FleetLock
     from gpufleet.ssh import Result
     from gpufleet.stack import Stack
 
@@ -22,8 +23,10 @@ class Upload:
     """A file the engine puts on the host before a step's commands: fetched from url once per run, sha256-checked."""
 
     url: str
-    sha256: str
+    sha256: str | None  # None: the index published no hash; the control node hashes what it fetched
     remote: str  # absolute path on the host; the wheel keeps its file name so pip accepts it
+    name: str = ""  # the distribution and version it holds (recorded in locks), when known
+    version: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class PlanContext:
     facts: HostFacts
     probe: Probe | None  # read-only remote command at plan time (None in unit tests)
     repo: Path
+    resolver: Callable[[], str] | None = None  # puts gpufleet's pinned pip wheel on the host; returns its path
+    lock: "FleetLock | None" = None  # a recorded fleet lock the host must converge to
 
 
 class Role(Protocol):

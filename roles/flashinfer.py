@@ -8,13 +8,11 @@ from gpufleet.command import Cmd
 from gpufleet.fetch import wheel_filename
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged, Upload
 from gpufleet.status import versions_match
-from roles.pip import (find_uv, has_pip, install_cmd, installed_packages, needs_versions, normalized,
-                       venv_python)
+from roles.pip import WHEEL_DIR, installed_packages, needs_versions, normalized, pushed_install, venv_python
 
 name = "flashinfer"
 PACKAGES = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
 SOURCES = {"flashinfer-python": "python", "flashinfer-cubin": "cubin", "flashinfer-jit-cache": "jit_cache"}
-WHEEL_DIR = "/var/cache/gpufleet/wheels"  # wheels fetched by URL land here on the host
 JIT_CACHE = "$HOME/.cache/flashinfer"
 
 # exit 0 (clear needed): the JIT cache holds an entry older than the installed flashinfer-python.
@@ -77,14 +75,14 @@ def stale_cache_cmd(ctx: PlanContext) -> Cmd:
 
 
 def _requirements(ctx: PlanContext) -> tuple[list[str], list[str], list[Upload]]:
-    """Requirement strings, the index URLs in order (python's first) and the uploads of URL-pinned wheels."""
+    """Requirement strings of index-sourced packages, their index URLs in order (python's first), and the uploads
+    of URL-pinned wheels."""
     reqs, indexes, uploads = [], [], []
     for package, version in targets(ctx.stack).items():
         source = getattr(ctx.stack.flashinfer, SOURCES[package])
         if source.url:
-            remote = f"{WHEEL_DIR}/{wheel_filename(source.url)}"
-            uploads.append(Upload(source.url, source.sha256, remote))
-            reqs.append(remote)
+            uploads.append(Upload(source.url, source.sha256, f"{WHEEL_DIR}/{wheel_filename(source.url)}",
+                                  package, version))
         else:
             reqs.append(f"{package}=={version}")
             indexes.append(source.index_url)
@@ -93,20 +91,21 @@ def _requirements(ctx: PlanContext) -> tuple[list[str], list[str], list[Upload]]
 
 def install_step(ctx: PlanContext, have: dict[str, str | None]) -> Step:
     want = targets(ctx.stack)
-    uv = find_uv(ctx)
-    if uv is None and not has_pip(ctx):
-        raise PlanError(ctx.host.name, name, f"the venv {ctx.host.venv} has no pip and the host has no uv")
-    reqs, indexes, uploads = _requirements(ctx)
-    # One resolver run for all three: a version missing from an index changes nothing, and the three never
-    # end up at different versions (flashinfer refuses to import then).
-    cmd = install_cmd(ctx, reqs, index_url=indexes[0] if indexes else None, extra_index_urls=indexes[1:], uv=uv)
+    reqs, indexes, by_url = _requirements(ctx)
+    # One resolution and one install for all three: a version missing from an index changes nothing, and the three
+    # never end up at different versions (flashinfer refuses to import then).
+    pins, uploads, cmd = pushed_install(ctx, name, reqs, index_url=indexes[0] if indexes else None,
+                                        extra_index_urls=indexes[1:], extra_uploads=tuple(by_url))
     had = ", ".join(f"{p} {have[p] or '(absent)'}" for p in PACKAGES)
     wanted = ", ".join(f"{p} {want[p]}" for p in PACKAGES)
+    others = sorted(n for n in pins if n not in PACKAGES)
     return Step(role=name, title=f"install flashinfer {want['flashinfer-python']} (python, cubin, jit-cache "
                                  f"{want['flashinfer-jit-cache']})",
-                reason=f"venv has {had}; stack.toml wants {wanted} (the three move together)",
-                commands=(cmd,), needed=needs_versions(ctx, want), verify=(rules_cmd(ctx),), changes=("venv",),
-                uploads=tuple(uploads))
+                reason=f"venv has {had}; stack.toml wants {wanted} (the three move together"
+                       + (f"; brings {', '.join(others)}" if others else "") + f"); {len(uploads) - 1} wheel(s) "
+                       f"handed over by the control node",
+                commands=(cmd,), needed=needs_versions(ctx, {**want, **pins}), verify=(rules_cmd(ctx),),
+                changes=("venv",), uploads=uploads)
 
 
 def clear_cache_step(ctx: PlanContext, reason: str) -> Step:

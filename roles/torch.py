@@ -10,8 +10,7 @@ from gpufleet.command import Cmd
 from gpufleet.facts.probe import TORCH_PROBE
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
 from gpufleet.status import versions_match
-from roles.pip import (find_uv, has_pip, install_cmd, installed_packages, needs_versions, normalized,
-                       venv_python)
+from roles.pip import installed_packages, needs_versions, normalized, pushed_install, venv_python
 
 name = "torch"
 
@@ -90,12 +89,13 @@ def plan(ctx: PlanContext) -> list[Step | Unchanged]:
     have = packages.get("torch")
     if versions_match(have, want):
         return [Unchanged(name, f"torch {have} already installed (stack.toml wants {want})")]
-    uv = find_uv(ctx)
-    if uv is None and not has_pip(ctx):
-        raise PlanError(ctx.host.name, name, f"the venv {ctx.host.venv} has no pip and the host has no uv")
     had = f"venv has torch {have}" if have else f"torch is not installed in {ctx.host.venv}"
-    cmd = install_cmd(ctx, [f"torch=={want}"], index_url=ctx.stack.torch.index_url, pre=ctx.stack.torch.pre, uv=uv)
+    pins, uploads, cmd = pushed_install(ctx, name, [f"torch=={want}"], index_url=ctx.stack.torch.index_url,
+                                        pre=ctx.stack.torch.pre)
+    others = sorted(n for n in pins if n != "torch")
+    brings = f"brings {len(others)} more: {', '.join(others)}" if others else "nothing else changes"
     return [Step(role=name, title=f"install torch {want}",
-                 reason=f"{had}; stack.toml wants {want} (brings its triton and nvidia-* dependencies)",
-                 commands=(cmd,), needed=needs_versions(ctx, {"torch": want}), verify=(check_cmd(ctx),),
-                 changes=("venv",))]
+                 reason=f"{had}; stack.toml wants {want} ({brings}); {len(pins)} wheel(s) handed over by the "
+                        f"control node",
+                 commands=(cmd,), needed=needs_versions(ctx, {"torch": want, **pins}), verify=(check_cmd(ctx),),
+                 changes=("venv",), uploads=uploads)]

@@ -6,6 +6,7 @@ import hashlib
 import html
 import shutil
 import sys
+import zipfile
 from pathlib import Path
 from urllib.parse import quote
 
@@ -26,8 +27,9 @@ def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def page(title: str, links: list[tuple[str, str]]) -> str:
-    anchors = "".join(f'    <a href="{html.escape(href)}">{html.escape(text)}</a><br/>\n' for href, text in links)
+def page(title: str, links: list[tuple[str, str]] | list[tuple[str, str, str]]) -> str:
+    anchors = "".join(f'    <a href="{html.escape(href)}"{attrs}>{html.escape(text)}</a><br/>\n'
+                      for href, text, *rest in links for attrs in [rest[0] if rest else ""])
     return (
         "<!DOCTYPE html>\n<html>\n  <head>\n    <meta name=\"pypi:repository-version\" content=\"1.0\">\n"
         f"    <title>{html.escape(title)}</title>\n  </head>\n  <body>\n    <h1>{html.escape(title)}</h1>\n"
@@ -35,8 +37,25 @@ def page(title: str, links: list[tuple[str, str]]) -> str:
     )
 
 
+def wheel_metadata(path: Path) -> bytes:
+    """The METADATA file inside a wheel: what PEP 658 serves beside it as `<file>.metadata`."""
+    with zipfile.ZipFile(path) as archive:
+        member = next(n for n in archive.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+        return archive.read(member)
+
+
+def metadata_attrs(path: Path) -> str:
+    """PEP 658/714 attributes announcing the wheel's metadata file, as PyPI and PyTorch's index serve them: a
+    resolver (pip on each host) reads a wheel's dependencies without downloading the wheel."""
+    meta = path.with_name(path.name + ".metadata")
+    if not meta.exists():
+        return ""
+    digest = f"sha256={hashlib.sha256(meta.read_bytes()).hexdigest()}"
+    return f' data-dist-info-metadata="{digest}" data-core-metadata="{digest}"'
+
+
 def project_page(name: str, files: list[Path]) -> str:
-    links = [(f"../../files/{quote(f.name)}#sha256={sha256_of(f)}", f.name) for f in sorted(files)]
+    links = [(f"../../files/{quote(f.name)}#sha256={sha256_of(f)}", f.name, metadata_attrs(f)) for f in sorted(files)]
     return page(f"Links for {name}", links)
 
 
@@ -47,6 +66,12 @@ def build_index(wheels: list[Path], root: Path) -> Path:
     for wheel in wheels:
         if Path(wheel).resolve() != (files_dir / Path(wheel).name).resolve():
             shutil.copy2(wheel, files_dir / Path(wheel).name)
+    for archive in files_dir.glob("*.whl"):
+        meta = wheel_metadata(archive)
+        # pip before 23.3 rejects a metadata file whose Name is not spelled in normal form (scikit_build_core):
+        # those wheels are served without one, as an index without PEP 658 would
+        if f"\nName: {project_of(archive.name)}\n".encode() in meta:
+            archive.with_name(archive.name + ".metadata").write_bytes(meta)
     projects: dict[str, list[Path]] = {}
     for archive in sorted(files_dir.iterdir()):
         if archive.name.endswith(ARCHIVE_SUFFIXES):

@@ -41,5 +41,5 @@ def test_plan_error_names_host_and_role():
 def test_roles_run_in_the_order_of_the_manual_procedure():
     from roles import ROLES
 
-    assert [r.name for r in ROLES] == ["torch", "flashinfer", "sglang-checkout", "sgl-kernel", "verify"]
+    assert [r.name for r in ROLES] == ["torch", "flashinfer", "locked-packages", "sglang-checkout", "sgl-kernel", "verify"]
     assert all(callable(r.plan) for r in ROLES)

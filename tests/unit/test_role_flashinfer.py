@@ -16,6 +16,7 @@ from gpufleet.sim import wheels
 from gpufleet.ssh import Result
 from gpufleet.stack import FLASHINFER_CU130, PYPI, Stack, stack_for_host
 from roles import flashinfer
+from tests.unit.pipfakes import RESOLVER, report, resolving_probe
 
 OLD = {"flashinfer-python": "0.6.4", "flashinfer-cubin": "0.6.4", "flashinfer-jit-cache": "0.6.4+cu130",
        "pip": "24.0", "torch": "2.12.0.dev20260307+cu130"}
@@ -27,7 +28,8 @@ JIT_URL = ("https://github.com/flashinfer-ai/flashinfer/releases/download/v0.6.5
 
 def ctx(packages=OLD, *, stack=None, probe=None) -> PlanContext:
     return PlanContext(host=Host(name="gpu1", address="10.0.0.1"), stack=stack or Stack(),
-                       facts=HostFacts(host="gpu1", packages=packages), probe=probe, repo=Path("."))
+                       facts=HostFacts(host="gpu1", packages=packages), probe=probe, repo=Path("."),
+                       resolver=lambda: RESOLVER)
 
 
 def with_overrides(over: dict) -> Stack:
@@ -54,17 +56,38 @@ def test_stale_jit_cache_is_cleared_even_when_versions_match():
     assert "older than the installed flashinfer" in clear.reason
 
 
+THREE = (("flashinfer-python", "0.6.5"), ("flashinfer-cubin", "0.6.5"), ("flashinfer-jit-cache", "0.6.5+cu130"))
+
+
+def planned(packages=OLD, *, stack=None, answer=None):
+    probe = resolving_probe({"flashinfer": answer if answer is not None else report(*THREE, ("ninja", "1.13.0"))})
+    items = flashinfer.plan(ctx(packages, stack=stack, probe=probe))
+    return items, probe
+
+
+def resolve_argv(probe) -> list:
+    [(step, cmd)] = [a for a in probe.asked if ": resolve " in a[0]]
+    return list(cmd.argv)
+
+
 def test_old_versions_give_install_then_cache_clear():
-    install, clear = flashinfer.plan(ctx())
+    (install, clear), probe = planned()
     assert install.title == "install flashinfer 0.6.5 (python, cubin, jit-cache 0.6.5+cu130)"
     assert install.reason == ("venv has flashinfer-python 0.6.4, flashinfer-cubin 0.6.4, flashinfer-jit-cache "
                               "0.6.4+cu130; stack.toml wants flashinfer-python 0.6.5, flashinfer-cubin 0.6.5, "
-                              "flashinfer-jit-cache 0.6.5+cu130 (the three move together)")
-    assert install.commands[0].render() == (
-        "cd / && env PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 /root/venv/bin/python "
-        "-m pip install --progress-bar off flashinfer-python==0.6.5 flashinfer-cubin==0.6.5 "
-        f"flashinfer-jit-cache==0.6.5+cu130 --index-url {PYPI} --extra-index-url {FLASHINFER_CU130}")
-    assert install.changes == ("venv",) and not install.uploads
+                              "flashinfer-jit-cache 0.6.5+cu130 (the three move together; brings ninja); 4 wheel(s) "
+                              "handed over by the control node")
+    argv = resolve_argv(probe)
+    assert argv[-3:] == ["flashinfer-python==0.6.5", "flashinfer-cubin==0.6.5", "flashinfer-jit-cache==0.6.5+cu130"]
+    assert argv[argv.index("--index-url") + 1] == PYPI
+    assert argv[argv.index("--extra-index-url") + 1] == FLASHINFER_CU130
+    install_argv = list(install.commands[0].argv)
+    assert install_argv[install_argv.index("--no-index"):] == [
+        "--no-index", "--find-links", "/var/cache/gpufleet/wheels", "flashinfer-python==0.6.5",
+        "flashinfer-cubin==0.6.5", "flashinfer-jit-cache==0.6.5+cu130", "ninja==1.13.0"]
+    assert install.changes == ("venv",)
+    assert [u.name for u in install.uploads] == ["pip", "flashinfer-python", "flashinfer-cubin",
+                                                 "flashinfer-jit-cache", "ninja"]
     assert clear.title.startswith("clear flashinfer's JIT cache")
     assert clear.reason == "kernels JIT-compiled by flashinfer 0.6.4 must not be reused by 0.6.5"
     assert clear.commands[0].render() == "bash -c 'rm -rf -- \"$HOME/.cache/flashinfer\"'"
@@ -72,13 +95,13 @@ def test_old_versions_give_install_then_cache_clear():
 
 
 def test_one_package_off_is_enough_to_install_all_three():
-    [install, _] = flashinfer.plan(ctx({**NEW, "flashinfer-cubin": "0.6.4"}))
-    reqs = [a for a in install.commands[0].argv if isinstance(a, str) and "==" in a]
+    [install, _], probe = planned({**NEW, "flashinfer-cubin": "0.6.4"})
+    reqs = [a for a in resolve_argv(probe) if isinstance(a, str) and "==" in a]
     assert reqs == ["flashinfer-python==0.6.5", "flashinfer-cubin==0.6.5", "flashinfer-jit-cache==0.6.5+cu130"]
 
 
 def test_absent_packages_are_installed():
-    install, _ = flashinfer.plan(ctx({"pip": "24.0"}))
+    (install, _), _ = planned({"pip": "24.0"})
     assert "flashinfer-python (absent)" in install.reason
 
 
@@ -86,28 +109,21 @@ def test_same_index_for_all_gives_no_extra_index():
     idx = "http://10.0.0.1:8765/simple"
     stack = with_overrides({"flashinfer": {p: {"index_url": idx} for p in ("python", "cubin", "jit_cache")},
                             "pip": {"trusted_hosts": ["10.0.0.1"]}})
-    install, _ = flashinfer.plan(ctx(stack=stack))
-    argv = install.commands[0].argv
+    _, probe = planned(stack=stack)
+    argv = resolve_argv(probe)
     assert "--extra-index-url" not in argv
     assert argv[argv.index("--index-url") + 1] == idx and argv[argv.index("--trusted-host") + 1] == "10.0.0.1"
 
 
 def test_jit_cache_from_url_is_uploaded_and_installed_as_a_file():
     stack = with_overrides({"flashinfer": {"jit_cache": {"url": JIT_URL, "sha256": SHA}}})
-    install, _ = flashinfer.plan(ctx(stack=stack))
+    (install, _), probe = planned(stack=stack, answer=report(*THREE[:2]))
     remote = "/var/cache/gpufleet/wheels/flashinfer_jit_cache-0.6.5+cu130-cp39-abi3-manylinux_2_28_x86_64.whl"
-    assert install.uploads == (Upload(JIT_URL, SHA, remote),)
-    argv = install.commands[0].argv
-    assert remote in argv and "flashinfer-jit-cache==0.6.5+cu130" not in argv
+    assert install.uploads[-1] == Upload(JIT_URL, SHA, remote, "flashinfer-jit-cache", "0.6.5+cu130")
+    argv = resolve_argv(probe)
+    assert "flashinfer-jit-cache==0.6.5+cu130" not in argv  # not resolved from an index: its pinned file is used
     assert argv[argv.index("--index-url") + 1] == PYPI and "--extra-index-url" not in argv
-
-
-def test_uv_with_several_indexes_uses_pips_rule():
-    def probe(cmd, step):
-        return Result("gpu1", step, "", 0 if step == "find uv" else 1, "/root/.local/bin/uv\n", 0.0)
-    install, _ = flashinfer.plan(ctx(probe=probe))
-    argv = install.commands[0].argv
-    assert argv[0] == "/root/.local/bin/uv" and argv[argv.index("--index-strategy") + 1] == "unsafe-best-match"
+    assert install.commands[0].argv[-1] == remote
 
 
 def test_unreadable_packages_is_a_plan_error():

@@ -18,6 +18,7 @@ from gpufleet.sim import wheels
 from gpufleet.ssh import Result
 from gpufleet.stack import Stack, stack_for_host
 from roles import torch
+from tests.unit.pipfakes import PIP_WHEEL, RESOLVER, report, resolving_probe
 
 TARGET = "2.12.0.dev20260307+cu130"
 IDX = "http://10.0.0.1:8765/simple"
@@ -30,10 +31,10 @@ def gpus(cap: str = "12.0", count: int = 8) -> GpuFacts:
                     cuda_version="13.0")
 
 
-def ctx(packages=OLD_PACKAGES, *, facts_gpus=None, stack=None, probe=None) -> PlanContext:
+def ctx(packages=OLD_PACKAGES, *, facts_gpus=None, stack=None, probe=None, resolver=lambda: RESOLVER) -> PlanContext:
     facts = HostFacts(host="gpu1", gpus=facts_gpus if facts_gpus is not None else gpus(), packages=packages)
     return PlanContext(host=Host(name="gpu1", address="10.0.0.1"), stack=stack or Stack(), facts=facts, probe=probe,
-                       repo=Path("."))
+                       repo=Path("."), resolver=resolver)
 
 
 def overridden(**torch_fields) -> Stack:
@@ -65,50 +66,93 @@ def test_pip_freeze_form_without_local_label_counts_as_installed():
     assert isinstance(item, Unchanged)
 
 
+CASCADE = (("torch", TARGET), ("triton", "3.6.0"), ("nvidia-cublas", "13.2.0.1"))
+
+
+def planned(packages=OLD_PACKAGES, *, stack=None, answer=None, code=0, **kw) -> tuple[Step, object]:
+    probe = resolving_probe({"torch": answer if answer is not None else report(*CASCADE)}, code=code)
+    [step] = torch.plan(ctx(packages, stack=stack, probe=probe, **kw))
+    return step, probe
+
+
 def test_old_torch_gives_one_install_step_with_reason():
-    [step] = torch.plan(ctx())
+    step, _ = planned()
     assert isinstance(step, Step)
     assert step.role == "torch" and step.title == f"install torch {TARGET}"
-    assert step.reason.startswith(f"venv has torch 2.9.1+cu130; stack.toml wants {TARGET}")
+    assert step.reason.startswith(f"venv has torch 2.9.1+cu130; stack.toml wants {TARGET} (brings 2 more: "
+                                  f"nvidia-cublas, triton); 3 wheel(s) handed over by the control node")
     assert step.changes == ("venv",)
+
+
+def test_the_host_resolves_with_the_pinned_pip_and_installs_offline_from_the_pushed_wheels():
+    step, probe = planned()
+    [(asked, resolve)] = probe.asked
+    assert asked == f"torch: resolve torch=={TARGET}"
+    argv = list(resolve.argv)
+    assert argv[:4] == ["bash", "-c", argv[2], "resolve"] and argv[4] == ""  # no lock: no constraints
+    assert argv[5:11] == ["/root/venv/bin/python", f"{PIP_WHEEL}/pip", "install", "--dry-run", "--quiet", "--pre"]
+    assert argv[argv.index("--index-url") + 1] == "https://download.pytorch.org/whl/nightly/cu130"
+    assert argv[-1] == f"torch=={TARGET}"
     assert step.commands[0].render() == (
-        "cd / && env PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 "
-        f"/root/venv/bin/python -m pip install --progress-bar off --pre torch=={TARGET} "
-        "--index-url https://download.pytorch.org/whl/nightly/cu130")
+        "cd / && env CONSTRAINTS='' PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 "
+        "bash -c '\"$@\" -c <(printf \"%s\\n\" \"$CONSTRAINTS\")' install /root/venv/bin/python "
+        f"{PIP_WHEEL}/pip install --progress-bar off --no-index --find-links /var/cache/gpufleet/wheels "
+        f"torch=={TARGET} triton==3.6.0 nvidia-cublas==13.2.0.1")
+
+
+def test_every_resolved_wheel_is_an_upload_with_its_sha256_and_the_resolver_goes_along():
+    step, _ = planned()
+    assert step.uploads[0] == RESOLVER
+    assert [(u.name, u.version, u.sha256, u.remote) for u in step.uploads[1:]] == [
+        ("torch", TARGET, f"{0:064x}", f"/var/cache/gpufleet/wheels/torch-{TARGET}-py3-none-any.whl"),
+        ("triton", "3.6.0", f"{1:064x}", "/var/cache/gpufleet/wheels/triton-3.6.0-py3-none-any.whl"),
+        ("nvidia-cublas", "13.2.0.1", f"{2:064x}", "/var/cache/gpufleet/wheels/nvidia_cublas-13.2.0.1-py3-none-any.whl")]
+    assert step.uploads[1].url == f"http://10.0.0.1:8765/files/torch-{TARGET.replace('+', '%2B')}-py3-none-any.whl"
+
+
+def test_an_index_without_hashes_leaves_the_hash_to_the_control_node():
+    step, _ = planned(answer=report(*CASCADE, hashed=False))
+    assert [u.sha256 for u in step.uploads[1:]] == [None, None, None]
 
 
 def test_pip_command_has_trusted_hosts_and_extra_indexes():
-    stack = overridden(index_url=IDX)
-    [step] = torch.plan(ctx(stack=stack))
-    argv = step.commands[0].argv
+    _, probe = planned(stack=overridden(index_url=IDX))
+    argv = probe.asked[0][1].argv
     assert argv[argv.index("--index-url") + 1] == IDX
     assert argv[argv.index("--trusted-host") + 1] == "10.0.0.1"
     assert argv[argv.index("--extra-index-url") + 1] == IDX + "/extra"
 
 
 def test_no_pre_flag_when_stack_says_so():
-    [step] = torch.plan(ctx(stack=overridden(pre=False)))
-    assert "--pre" not in step.commands[0].argv
+    _, probe = planned(stack=overridden(pre=False))
+    assert "--pre" not in probe.asked[0][1].argv
 
 
-def test_uv_on_the_host_is_used_with_the_venv_python():
-    probe = fake_probe({"find uv": (0, "/usr/local/bin/uv\n")})
-    [step] = torch.plan(ctx(stack=overridden(index_url=IDX), probe=probe))
-    argv = list(step.commands[0].argv)
-    assert argv[:6] == ["/usr/local/bin/uv", "pip", "install", "--no-config", "--python", "/root/venv/bin/python"]
-    assert f"torch=={TARGET}" in argv and "--allow-insecure-host" in argv
-    assert argv[argv.index("--prerelease") + 1] == "allow"
-    assert probe.asked == ["find uv"]
+def test_a_failed_resolution_is_a_plan_error_with_pips_words():
+    with pytest.raises(PlanError, match=r"(?s)cannot resolve torch==.*exit 1.*No matching distribution"):
+        planned(answer="ERROR: No matching distribution found for torch==2.12.0.dev20260307+cu130", code=1)
+
+
+def test_an_unreadable_report_is_a_plan_error():
+    with pytest.raises(PlanError, match="report is not readable"):
+        planned(answer="@@gpufleet-pip-report@@\n{not json")
+
+
+def test_an_sdist_in_the_resolution_is_refused():
+    answer = report(*CASCADE).replace("triton-3.6.0-py3-none-any.whl", "triton-3.6.0.tar.gz")
+    with pytest.raises(PlanError, match="triton 3.6.0 resolves to .*tar.gz, not a wheel"):
+        planned(answer=answer)
 
 
 def test_missing_torch_is_installed():
-    [step] = torch.plan(ctx({"pip": "24.0"}))
+    step, _ = planned({"pip": "24.0"})
     assert step.reason.startswith("torch is not installed in /root/venv")
 
 
-def test_no_pip_and_no_uv_is_a_plan_error():
-    with pytest.raises(PlanError, match="no pip and the host has no uv"):
-        torch.plan(ctx({"torch": "2.9.1+cu130"}))
+def test_without_a_resolver_there_is_no_plan():
+    probe = resolving_probe({"torch": report(*CASCADE)})
+    with pytest.raises(PlanError, match="no resolver"):
+        torch.plan(ctx(probe=probe, resolver=None))
 
 
 def test_unreadable_packages_is_a_plan_error():
@@ -117,10 +161,10 @@ def test_unreadable_packages_is_a_plan_error():
 
 
 def test_credentials_in_index_url_are_masked():
-    stack = overridden(index_url="https://bob:s3cret@mirror.example/simple")
-    [step] = torch.plan(ctx(stack=stack))
-    assert "s3cret" not in step.commands[0].display()
-    assert "s3cret" in step.commands[0].render()
+    _, probe = planned(stack=overridden(index_url="https://bob:s3cret@mirror.example/simple"))
+    resolve = probe.asked[0][1]
+    assert "s3cret" not in resolve.display()
+    assert "s3cret" in resolve.render()
 
 
 @pytest.mark.parametrize("version, index, cuda", [
@@ -146,7 +190,7 @@ def test_mixed_gpus_is_a_plan_error():
     mixed = gpus()
     mixed.gpus[3] = mixed.gpus[3].model_copy(update={"compute_capability": "9.0"})
     with pytest.raises(PlanError, match="mixed compute capability"):
-        torch.plan(ctx(facts_gpus=mixed))
+        planned(facts_gpus=mixed)
 
 
 def test_plan_error_is_a_gpufleet_error():
@@ -195,7 +239,7 @@ def test_check_says_when_torch_sees_no_gpu(tmp_path):
 
 
 def test_needed_check_exit_codes(tmp_path):
-    [step] = torch.plan(ctx())
+    step, _ = planned(answer=report(("torch", TARGET)))
     _, dash_c, code, pins = step.needed.argv
     site = tmp_path / "site"
     (site / f"torch-{TARGET}.dist-info").mkdir(parents=True)

@@ -204,12 +204,17 @@ def test_index_pages_follow_pep_503(wheelhouse, tmp_path):
                  "flashinfer-jit-cache", "sgl-kernel"):
         assert f'<a href="{name}/">{name}</a>' in root
     page = (simple / "torch" / "index.html").read_text()
-    links = re.findall(r'<a href="\.\./\.\./files/([^"#]+)#sha256=([0-9a-f]{64})">([^<]+)</a>', page)
-    assert [text for _, _, text in links] == ["torch-2.12.0.dev20260307+cu130-py3-none-any.whl",
-                                               "torch-2.9.1+cu130-py3-none-any.whl"]
-    for href, digest, text in links:
+    links = re.findall(r'<a href="\.\./\.\./files/([^"#]+)#sha256=([0-9a-f]{64})" data-dist-info-metadata="sha256='
+                       r'([0-9a-f]{64})" data-core-metadata="sha256=\3">([^<]+)</a>', page)
+    assert [text for *_, text in links] == ["torch-2.12.0.dev20260307+cu130-py3-none-any.whl",
+                                             "torch-2.9.1+cu130-py3-none-any.whl"]
+    for href, digest, meta_digest, text in links:
         assert href == text.replace("+", "%2B")
         assert hashlib.sha256((tmp_path / "index" / "files" / text).read_bytes()).hexdigest() == digest
+        # PEP 658: the wheel's METADATA beside it, so resolvers on the hosts never download the wheel itself
+        meta = (tmp_path / "index" / "files" / (text + ".metadata")).read_bytes()
+        assert hashlib.sha256(meta).hexdigest() == meta_digest
+        assert meta.startswith(b"Metadata-Version:") and b"\nName: torch\n" in meta
     extra = build_wheel(tmp_path / "extra", "setuptools", "80.0.0", {"setuptools/__init__.py": ""})
     build_index([extra], tmp_path / "index")
     assert '<a href="torch/">torch</a>' in (simple / "index.html").read_text()
