@@ -4,6 +4,11 @@ give wrong answers or fail to start, picks the fastest correct one, and leaves t
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -162,3 +167,30 @@ def test_apply_with_no_correct_set_changes_nothing_and_fails(fleet, tmp_path):
     assert "no candidate gave every known answer" in proc.stderr
     assert path.read_text() == before
     assert show(fleet, "gpu3", "ActiveState") == "active" and running_argv(fleet, "gpu3") == argv
+
+
+def test_ctrl_c_mid_probe_stops_the_candidate_and_puts_the_original_server_back(fleet, tmp_path):
+    path = deployed(fleet, tmp_path, "gpu1")
+    argv = running_argv(fleet, "gpu1")
+    fleet.set_backends("gpu1", {"default": {"tokens_per_second": 100, "load_seconds": 3}})
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "probe-backends", "--inventory", str(path), "--host",
+                             "gpu1"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        for line in proc.stdout:  # interrupt while candidate 2 loads: its unit is running, production is down
+            seen.append(line)
+            if "candidate 2/8: triton" in line:
+                time.sleep(1.0)
+                proc.send_signal(signal.SIGINT)
+                break
+        rest, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    out = "".join(seen) + rest
+    assert proc.returncode == 130, out
+    assert "starting sglang.service again" in out and "interrupted" in out
+    assert show(fleet, "gpu1", "ActiveState") == "active" and running_argv(fleet, "gpu1") == argv
+    assert probe_units(fleet, "gpu1") == ""
+    assert fleet.run_on("gpu1", "test -d /var/lib/gpufleet/lock", check=False).returncode == 1
+    record = sorted(Path(os.environ["GPUFLEET_RUNS_DIR"]).glob("*-probe-gpu1/probe.json"))[-1]
+    assert json.loads(record.read_text())["status"] == "interrupted"
