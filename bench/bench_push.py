@@ -7,8 +7,8 @@ at the end. Two loads: one ~512 MiB random file (a flashinfer-jit-cache wheel) a
 "raw" methods stop when the data is on the host, the push_files rows also include the remote sha256 check before
 and the on-host verification and rename after.
 
-Figures on the 2-core development machine (2026, one run of `--rounds 3`, other work running beside it: expect
-~10% noise between runs):
+Figures on the 2-core development machine (two runs of `--rounds 3`, other engineers' tests running beside them:
+the same method moves by up to 40% between runs, so read ratios within one run):
 
     host gpu1 (10.217.0.11), 2 cores, rounds=3; push_files' ssh: ssh -T -x ...
 
@@ -37,6 +37,35 @@ Figures on the 2-core development machine (2026, one run of `--rounds 3`, other 
       ssh 'dd of=' 2 files at a time, aes128-gcm@openssh.com      73.4 MB/s   0.29x scp (median of 3)
       push_files openssh (tar stream, check+verify+rename)       223.6 MB/s   0.87x scp (median of 3)
       push_files paramiko (tar stream, check+verify+rename)      198.8 MB/s   0.77x scp (median of 3)
+A second run, with the streaming phase of push_files alone (no check, connection set-up or verification):
+
+    host gpu1 (10.217.0.11), 2 cores, rounds=3; push_files' ssh: ssh -T -x ...
+
+    one big file: 1 file(s), 512 MiB
+      scp (baseline; SFTP protocol, default cipher)              211.3 MB/s   1.00x scp (median of 3)
+      scp -O (legacy scp protocol)                               304.2 MB/s   1.44x scp (median of 3)
+      scp -c aes128-gcm@openssh.com                              478.1 MB/s   2.26x scp (median of 3)
+      paramiko sftp.put (apply.py today)                         256.2 MB/s   1.21x scp (median of 3)
+      paramiko sftp tuned (64 MiB window, 255 KiB writes)        281.5 MB/s   1.33x scp (median of 3)
+      paramiko exec channel, dd of=                              251.0 MB/s   1.19x scp (median of 3)
+      ssh 'dd of=' per file, default cipher                      336.5 MB/s   1.59x scp (median of 3)
+      ssh 'dd of=' per file, aes128-gcm@openssh.com              423.3 MB/s   2.00x scp (median of 3)
+      ssh 'dd of=' 2 files at a time, aes128-gcm@openssh.com     438.8 MB/s   2.08x scp (median of 3)
+      push_files openssh (tar stream, check+verify+rename)       321.3 MB/s   1.52x scp (median of 3; streaming alone 428 MB/s)
+      push_files paramiko (tar stream, check+verify+rename)      251.3 MB/s   1.19x scp (median of 3; streaming alone 320 MB/s)
+
+    cuda cascade: 20 file(s), 256 MiB
+      scp (baseline; SFTP protocol, default cipher)              293.0 MB/s   1.00x scp (median of 3)
+      scp -O (legacy scp protocol)                               331.8 MB/s   1.13x scp (median of 3)
+      scp -c aes128-gcm@openssh.com                              355.9 MB/s   1.21x scp (median of 3)
+      paramiko sftp.put (apply.py today)                         272.1 MB/s   0.93x scp (median of 3)
+      paramiko sftp tuned (64 MiB window, 255 KiB writes)        269.2 MB/s   0.92x scp (median of 3)
+      paramiko exec channel, dd of=                              151.7 MB/s   0.52x scp (median of 3)
+      ssh 'dd of=' per file, default cipher                       41.9 MB/s   0.14x scp (median of 3)
+      ssh 'dd of=' per file, aes128-gcm@openssh.com               42.9 MB/s   0.15x scp (median of 3)
+      ssh 'dd of=' 2 files at a time, aes128-gcm@openssh.com      73.6 MB/s   0.25x scp (median of 3)
+      push_files openssh (tar stream, check+verify+rename)       221.7 MB/s   0.76x scp (median of 3; streaming alone 315 MB/s)
+      push_files paramiko (tar stream, check+verify+rename)      175.2 MB/s   0.60x scp (median of 3; streaming alone 246 MB/s)
 """
 
 from __future__ import annotations
