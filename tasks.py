@@ -40,10 +40,16 @@ def facts(c, host=None, hosts=None, inventory=None, stack=None, json=False, acce
     _exit(cli.facts(inventory, stack, host, hosts, json, accept_new_host_keys))
 
 
-@fleet_task(help=_COMMON)
+@fleet_task(help={**_COMMON, "lock": "compare hosts with this fleet lock instead: every distribution that differs, "
+                                     "is absent or is extra, the sglang commit, the sgl-kernel build"})
 @cli.user_errors
-def status(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False):
-    """Compare each host with stack.toml: one row per host, drift highlighted; exit 1 on drift or unreachable."""
+def status(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False, lock=None):
+    """Compare each host with stack.toml (or a fleet lock): one row per host, drift highlighted; exit 1 on drift or
+    unreachable."""
+    if lock:
+        from gpufleet import cli_lock
+
+        _exit(cli_lock.lock_status(inventory, stack, host, hosts, json, accept_new_host_keys, lock))
     _exit(cli.status(inventory, stack, host, hosts, json, accept_new_host_keys))
 
 
@@ -58,21 +64,27 @@ def patches(c, host=None, hosts=None, inventory=None, stack=None, json=False, ac
 
 
 @fleet_task(help={**_COMMON, **_ROLL,
-                   "dry-run": "print each host's plan (steps with reasons, what stays) and change nothing"})
+                   "dry-run": "print each host's plan (steps with reasons, what stays) and change nothing",
+                   "lock": "converge hosts to this fleet lock (locks/*.toml): its exact distributions, sglang commit "
+                           "and sgl-kernel build, instead of recording a new one from the canary"})
 @cli.user_errors
 def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False,
-            dry_run=False, canary=None, batch="1", max_fail=0, resume=False, no_rollback=False, hf_token_file=None):
+            dry_run=False, canary=None, batch="1", max_fail=0, resume=False, no_rollback=False, hf_token_file=None,
+            lock=None):
     """Bring hosts to stack.toml: torch, flashinfer, sglang checkout + patches, sgl-kernel, whole-stack check.
 
     One host: the upgrade alone. Several hosts: a roll, canary first then batches; each host is stopped, upgraded,
-    deployed and proven healthy, or rolled back; the roll stops past --max-fail."""
+    deployed and proven healthy, or rolled back; the roll stops past --max-fail. The canary's proven stack is
+    recorded as a fleet lock (locks/) and every later host installs exactly that set."""
     from gpufleet import cli_roll, cli_upgrade
 
     if cli_roll.should_roll(inventory, host, hosts, resume, canary, dry_run):
         _exit(cli_roll.roll("upgrade", cli.command_line("upgrade"), inventory, stack, host, hosts, canary, batch,
-                            max_fail, no_rollback, resume, hf_token_file, False, accept_new_host_keys, json))
+                            max_fail, no_rollback, resume, hf_token_file, False, accept_new_host_keys, json,
+                            lock_file=lock))
     else:
-        _exit(cli_upgrade.upgrade(inventory, stack, host, hosts, json, accept_new_host_keys, dry_run))
+        _exit(cli_upgrade.upgrade(inventory, stack, host, hosts, json, accept_new_host_keys, dry_run,
+                                  lock_file=lock))
 
 
 @fleet_task(name="deploy-model", help={

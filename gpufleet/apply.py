@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import posixpath
 import threading
 import time
@@ -9,15 +10,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from gpufleet import buildcache, hoststate
+from gpufleet import buildcache, hoststate, push
 from gpufleet.command import Cmd
 from gpufleet.errors import GpufleetError, RemoteCommandError
 from gpufleet.facts.checkout import redact_url
 from gpufleet.fetch import WheelCache, fetch_pip_wheel, sha256_of
 from gpufleet.gather import gather_facts
 from gpufleet.hoststate import HostLockedError, RunInfo
-from gpufleet.lock import FleetLock
+from gpufleet.lock import FleetLock, locked_stack
 from gpufleet.plan import PlanContext, Role, Step, Unchanged, Upload, brief
+from gpufleet.push import PushItem
 
 TOOLS_DIR = "/var/cache/gpufleet/tools"  # gpufleet's own pip wheel on each host
 RESOLVER_PIP = "26.3"  # the pip that resolves and installs on every host: its dry run reads metadata only
@@ -125,13 +127,19 @@ class _HostRun:
             local = self.up.pip_wheel(self.stack)
             up = Upload(local.resolve().as_uri(), sha256_of(local), f"{TOOLS_DIR}/{local.name}", "pip",
                         self.up.resolver_version)
-            self.upload(None, up)
+            self.push(None, [up])
             self._resolver = up
         return self._resolver
 
     def go(self) -> HostReport:
         started = time.monotonic()
         try:
+            if self.up.lock is not None:
+                try:
+                    self.stack = locked_stack(self.stack, self.up.lock, self.session.name)
+                except GpufleetError as exc:
+                    self.fail(exc, "use the patches the lock was recorded with, or record a new lock")
+                    return self.report
             if self.up.dry_run:
                 self.plan_only()
             else:
@@ -204,8 +212,7 @@ class _HostRun:
             self.say(f"{step.role}: {step.title}")
             if step.commands or step.uploads:
                 self.ensure_snapshot()
-            for upload in step.uploads:
-                self.upload(step, upload)
+            self.push(step, step.uploads)
             timeout = step.timeout or self.up.command_timeout
             for cmd in step.commands:
                 if step.resumable:
@@ -267,29 +274,33 @@ class _HostRun:
             self.report.snapshot = hoststate.snapshot(self.session, self.up.run)
             self.say(f"state before this run saved in {self.report.snapshot}")
 
-    def upload(self, step: Step | None, up: Upload) -> None:
-        """Put a wheel on the host unless it is there already; fetched once per run (and cached) for all hosts."""
-        title = f"{step.title if step else 'resolver'}: upload {posixpath.basename(up.remote)}"
-        sha = up.sha256
-        local = None
-        if sha is None:  # the index published no hash: what the control node fetched decides
-            local = self.up.wheels.get(up.url, None)
-            sha = self.up.wheels.sha256(local)
-        if step is not None and up.name:
-            self.report.wheels.append({"name": up.name, "version": up.version, "filename":
-                                       posixpath.basename(up.remote), "url": redact_url(up.url), "sha256": sha})
-        have = self.session.run(Cmd.of("bash", "-c", '[ -f "$1" ] && sha256sum < "$1"', "sha", up.remote),
-                                step=f"{title}: on the host?", check=False)
-        if have.exit_code == 0 and have.output.split()[:1] == [sha]:
+    def push(self, step: Step | None, uploads: Sequence[Upload]) -> None:
+        """Put wheels on the host unless they are there already: one check, then one verified stream of what is
+        missing (gpufleet.push). Each is fetched once per run (and cached) on the control node for all hosts, and
+        only when some host lacks it."""
+        title = step.title if step else "resolver"
+        wanted: list[tuple[Upload, str, Path | None]] = []
+        for up in uploads:
+            local = None
+            sha = up.sha256
+            if sha is None:  # the index published no hash: what the control node fetched decides
+                local = self.up.wheels.get(up.url, None)
+                sha = self.up.wheels.sha256(local)
+            wanted.append((up, sha, local))
+            if step is not None and up.name:
+                self.report.wheels.append({"name": up.name, "version": up.version, "filename":
+                                           posixpath.basename(up.remote), "url": redact_url(up.url), "sha256": sha})
+        if not wanted:
             return
-        local = local or self.up.wheels.get(up.url, sha)
-        part = f"{up.remote}.part"
-        self.session.run(Cmd.of("mkdir", "-p", posixpath.dirname(up.remote)), step=title)
-        self.say(f"uploading {local.name} ({local.stat().st_size / 2**20:.1f} MiB)")
-        self.session.conn.sftp().put(str(local), part)
-        check = ('[ "$(sha256sum < "$1" | cut -d " " -f 1)" = "$2" ] && mv -f -- "$1" "$3" '
-                 '|| { echo "uploaded file has the wrong sha256"; rm -f -- "$1"; exit 1; }')
-        self.session.run(Cmd.of("bash", "-c", check, "upload", part, sha, up.remote), step=title)
+        probes = [PushItem(Path(os.devnull), up.remote, sha) for up, sha, _ in wanted]
+        check = self.session.run(push.check_command(probes), step=f"{title}: which wheels are on the host?")
+        states = push.parse_check(self.session.name, probes, check.output)
+        missing = [PushItem(local or self.up.wheels.get(up.url, sha), up.remote, sha)
+                   for (up, sha, local), state in zip(wanted, states) if state != "present"]
+        if missing:
+            size = sum(item.local.stat().st_size for item in missing)
+            self.say(f"handing over {len(missing)} wheel(s), {size / 2**20:.1f} MiB, from the control node")
+            push.push_files(self.session, missing, say=self.say)
 
     def resume_hint(self) -> str:
         failed = next((e for e in self.report.entries if e.status == "failed"), None)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from gpufleet import render, rollback
+from gpufleet import lock, lockstate, render, rollback
 from gpufleet.apply import Upgrade
 from gpufleet.cli import REPO, load, selection
 from gpufleet.cli_deploy import deploy_one, read_hf_token
@@ -44,9 +45,12 @@ def should_roll(inventory, host, hosts, resume: bool, canary: str | None, dry_ru
 
 def roll(kind: str, command: str, inventory=None, stack=None, host=None, hosts=None, canary=None, batch="1",
          max_fail=0, no_rollback=False, resume=False, hf_token_file=None, download=False,
-         accept_new_host_keys=False, as_json=False) -> int:
-    """Roll `kind` (upgrade | deploy-model) over the hosts; 0 when every host ended ok or unchanged."""
+         accept_new_host_keys=False, as_json=False, lock_file=None) -> int:
+    """Roll `kind` (upgrade | deploy-model) over the hosts; 0 when every host ended ok or unchanged.
+    An upgrade roll converges every host to a fleet lock: the one given, else the one recorded from the first host
+    to pass its health gate (the canary)."""
     inv, base = load(inventory, stack, accept_new_host_keys)
+    given = lock.load(lock_file) if lock_file else None
     token = read_hf_token(hf_token_file)
     secrets = {"HF_TOKEN": token} if token else {}
     hidden = tuple(secrets.values())
@@ -65,9 +69,11 @@ def roll(kind: str, command: str, inventory=None, stack=None, host=None, hosts=N
         batches = plan_batches([h.name for h in chosen], canary, batch)
         previous, skip = None, set()
     stacks = host_stacks(base, inv, chosen)  # bad overrides fail here, before any host is touched
+    if given is None and previous is not None and previous.lock:
+        given = lock.load(previous.lock)  # the resumed roll's hosts converge to the same lock
     summary = RollSummary(kind, utc_stamp(), command, [h.name for h in chosen], batches, int(max_fail),
                           resumed_from=previous.started if previous else None, inventory=inventory_file,
-                          pid=os.getpid())
+                          pid=os.getpid(), lock=given.path if given else None)
     summary.results = {h.name: (previous.results[h.name] if previous and h.name in skip else HostResult(h.name))
                        for h in chosen}
     record = RunRecord(record_root, summary)
@@ -79,12 +85,14 @@ def roll(kind: str, command: str, inventory=None, stack=None, host=None, hosts=N
     deployer = Upgrade(roles=[ModelServer(secrets=secrets, download=download)], run=run, repo=REPO, say=say,
                        command_timeout=inv.settings.command_timeout)
     planner = Upgrade(roles=_upgrade_roles(), run=run, repo=REPO, say=lambda line: None, dry_run=True)
+    upgrader.lock = planner.lock = given
+    handed: dict[str, list[dict]] = {}  # host -> wheels the control node handed it (recorded in the lock)
 
     def procedure(session, result, log):
         st = stacks[session.name]
         changed = False
         if kind == "upgrade":
-            changed |= _upgrade(session, st, result, log, upgrader, planner)
+            changed |= _upgrade(session, st, result, log, upgrader, planner, handed)
         prefix = f"[{session.name}] "
         done = deploy_one(deployer, session, st, lambda line: log(line.removeprefix(prefix)))
         result.snapshot = result.snapshot or done.report.snapshot
@@ -94,7 +102,27 @@ def roll(kind: str, command: str, inventory=None, stack=None, host=None, hosts=N
         changed |= restarted
         result.steps.append("deploy: " + ("unit/server updated" if restarted else "nothing to change"))
         result.steps.append(f"health: ok after {done.health['health_seconds']} s, smoke answer ok")
+        if kind == "upgrade":
+            _hold_to_lock(session, st, result, log, handed.get(session.name, []))
         result.outcome = "ok" if changed else "unchanged"
+
+    def _hold_to_lock(session, st, result, log, wheels):
+        """The first healthy host records the fleet lock; every later one must match it (else it is rolled back)."""
+        if upgrader.lock is None:
+            found = lockstate.record(session, st, wheels, command)
+            path = lock.save(found, lock.locks_dir(REPO / "locks"), summary.started)
+            upgrader.lock = planner.lock = lock.load(path)
+            summary.lock = str(path)
+            record.save()
+            log(f"fleet lock recorded from {session.name}: {path} ({len(found.packages)} distributions, "
+                f"{len(found.wheels)} wheel files)")
+            result.steps.append(f"lock recorded: {path.name}")
+            return
+        d = lockstate.drift(session, upgrader.lock)
+        if not d.matches:
+            raise StepFailed(f"{session.name} does not match the fleet lock {upgrader.lock.path}: "
+                             + "; ".join(d.packages + d.other))
+        result.steps.append(f"matches lock {Path(upgrader.lock.path).name}")
 
     def recover(session, result, log):
         if not result.snapshot:
@@ -155,7 +183,7 @@ def _upgrade_roles():
     return ROLES
 
 
-def _upgrade(session, st, result, log, upgrader: Upgrade, planner: Upgrade) -> bool:
+def _upgrade(session, st, result, log, upgrader: Upgrade, planner: Upgrade, handed: dict) -> bool:
     """Stop the server only when the upgrade will change something, then upgrade; True when it changed the host."""
     plan = planner.host(session, st)
     if not plan.ok:
@@ -171,6 +199,7 @@ def _upgrade(session, st, result, log, upgrader: Upgrade, planner: Upgrade) -> b
         session.run(Cmd.of("systemctl", "stop", unit), step="stop server", timeout=600)
         result.steps.append("server stopped")
     report = upgrader.host(session, st)
+    handed[session.name] = report.wheels
     result.snapshot = report.snapshot
     if not report.ok:
         raise StepFailed(f"upgrade of {session.name}: {report.error}")

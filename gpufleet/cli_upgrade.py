@@ -7,7 +7,7 @@ import sys
 from rich.markup import escape
 from rich.table import Table
 
-from gpufleet import render
+from gpufleet import lock, render
 from gpufleet.apply import HostReport, Upgrade
 from gpufleet.cli import REPO, command_line, load, selection
 from gpufleet.facts.checkout import redact_url
@@ -24,17 +24,18 @@ STATUS_STYLE = {"planned": "[yellow]will change[/]", "unchanged": "[green]unchan
 
 
 def upgrade(inventory=None, stack=None, host=None, hosts=None, as_json=False, accept_new_host_keys=False,
-            dry_run=False) -> int:
-    """Bring the selected hosts to their stack (or show the plan); 1 when any host failed."""
+            dry_run=False, lock_file=None) -> int:
+    """Bring the selected hosts to their stack, or to a fleet lock (or show the plan); 1 when any host failed."""
     from roles import ROLES
 
     inv, base = load(inventory, stack, accept_new_host_keys)
+    given = lock.load(lock_file) if lock_file else None
     chosen = selection(inv, host, hosts, default=None)  # no silent "all": upgrades change hosts
     stacks = host_stacks(base, inv, chosen)  # bad overrides fail here, before any connection
     # With --json, stdout is the JSON document: live lines go to stderr.
     say = (lambda line: emit(line, sys.stderr)) if as_json else emit
     run = Upgrade(roles=ROLES, run=RunInfo.current(command_line("upgrade")), repo=REPO, dry_run=dry_run,
-                  wheels=WheelCache(), say=say, command_timeout=inv.settings.command_timeout)
+                  wheels=WheelCache(), say=say, command_timeout=inv.settings.command_timeout, lock=given)
     outcomes = for_each_host(chosen, inv, lambda session: run.host(session, stacks[session.name]))
     reports = [o.value if o.ok else HostReport(o.host, dry_run, outcome=o.kind, error=o.error) for o in outcomes]
     if as_json:

@@ -122,19 +122,22 @@ class LockDrift:
     """How one host differs from a lock; empty lists mean it matches."""
 
     host: str
-    packages: list[str] = field(default_factory=list)  # "torch 2.9.1 (lock: 2.12.0...)" / "absent" / "extra"
+    packages: list[str] = field(default_factory=list)  # "torch: 2.9.1 (lock: 2.12.0...)" / "absent (lock: ...)"
     other: list[str] = field(default_factory=list)  # sglang commit, sgl-kernel build
+    extra: list[str] = field(default_factory=list)  # installed here, not in the lock (shown; not installed by us)
 
     @property
     def matches(self) -> bool:
+        """Every locked distribution at its version, the commit and the build: extras alone do not break a match."""
         return not (self.packages or self.other)
 
     def to_json(self) -> dict:
-        return {"host": self.host, "matches": self.matches, "packages": self.packages, "other": self.other}
+        return {"host": self.host, "matches": self.matches, "packages": self.packages, "other": self.other,
+                "extra": self.extra}
 
 
-def compare(found: FleetLock, host: str, packages: dict[str, str], editables: dict[str, str] | None,
-            head: str | None, build_key: str | None) -> LockDrift:
+def compare(found: FleetLock, host: str, packages: dict[str, str], head: str | None,
+            build_key: str | None) -> LockDrift:
     """Every locked distribution the host lacks or has at another version, every extra one, the commit, the build."""
     drift = LockDrift(host)
     have = {canonical(n): v for n, v in packages.items()}
@@ -145,7 +148,7 @@ def compare(found: FleetLock, host: str, packages: dict[str, str], editables: di
         elif got != want and not _same_public(got, want):
             drift.packages.append(f"{name}: {got} (lock: {want})")
     for name in sorted(set(have) - set(found.packages)):
-        drift.packages.append(f"{name}: {have[name]} is not in the lock")
+        drift.extra.append(f"{name}: {have[name]} is not in the lock")
     if head is None:
         drift.other.append("sglang checkout: unreadable")
     elif not head.startswith(found.sglang.commit) and not found.sglang.commit.startswith(head):

@@ -49,6 +49,7 @@ class RollSummary:
     resumed_from: str | None = None
     inventory: str = ""  # resolved path: --resume continues rolls of the same inventory only
     pid: int = 0  # of the process running it: a "running" roll whose process is gone was killed
+    lock: str | None = None  # the fleet lock later hosts converge to (given, or recorded from the canary)
 
     def to_json(self) -> dict:
         data = asdict(self)

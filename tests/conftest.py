@@ -13,12 +13,13 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def pytest_configure(config):
-    """Tests never touch the developer's wheel cache (~/.cache/gpufleet) or roll records (runs/): each session
-    gets its own."""
+    """Tests never touch the developer's wheel cache (~/.cache/gpufleet), roll records (runs/) or fleet locks
+    (locks/): each session gets its own."""
     import tempfile
 
     os.environ["GPUFLEET_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpufleet-test-cache-")
     os.environ["GPUFLEET_RUNS_DIR"] = tempfile.mkdtemp(prefix="gpufleet-test-runs-")
+    os.environ["GPUFLEET_LOCKS_DIR"] = tempfile.mkdtemp(prefix="gpufleet-test-locks-")
 
 
 def _sim_unavailable() -> str | None:

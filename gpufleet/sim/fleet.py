@@ -244,6 +244,20 @@ class SimFleet:
             raise SimError(f"{name}: `{command}` exited {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}")
         return proc
 
+    def publish(self, wheel: Path) -> None:
+        """Put a new wheel on the package index (as a nightly index moves while a roll goes on)."""
+        from gpufleet.sim import index
+
+        index.build_index([wheel], self.index_root)
+
+    def unpublish(self, filename: str) -> None:
+        """Take a wheel off the package index again."""
+        from gpufleet.sim import index
+
+        for path in (self.index_root / "files" / filename, self.index_root / "files" / f"{filename}.metadata"):
+            path.unlink(missing_ok=True)
+        index.build_index([], self.index_root)
+
     def reset_host(self, name: str) -> None:
         """Put a host back to its freshly booted state (a new, empty upper layer)."""
         state = self.state()

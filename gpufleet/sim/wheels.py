@@ -33,6 +33,9 @@ TARGET = {
     "flashinfer-python": "0.6.5",
     "flashinfer-cubin": "0.6.5",
     "flashinfer-jit-cache": "0.6.5+cu130",
+    # flashinfer-python 0.6.5 needs it by a range (>=), as the real one needs nvidia-cudnn-frontend: the version a
+    # host gets moves with the index, which is what a fleet lock pins
+    "nvidia-cudnn-frontend": "1.13.0",
 }
 STACKS = {"old": OLD, "target": TARGET}
 SGL_KERNEL_OLD_ARCHS = ["sm_90a", "sm_100a", "sm_120a"]
@@ -125,7 +128,10 @@ def flashinfer_wheels(outdir: Path, stack: dict[str, str]) -> list[Path]:
     version = stack["flashinfer-python"]
     core = package_files("flashinfer", {"VERSION": version, "GIT_VERSION": git_version("flashinfer", version)})
     return [
-        build_wheel(outdir, "flashinfer-python", version, core, ["torch"], {"flashinfer": "flashinfer.__main__:main"}),
+        build_wheel(outdir, "flashinfer-python", version, core,
+                    ["torch", *([f"nvidia-cudnn-frontend>={stack['nvidia-cudnn-frontend']}"]
+                                if "nvidia-cudnn-frontend" in stack else [])],
+                    {"flashinfer": "flashinfer.__main__:main"}),
         build_wheel(outdir, "flashinfer-cubin", stack["flashinfer-cubin"],
                     package_files("flashinfer_cubin", {"VERSION": stack["flashinfer-cubin"]})),
         build_wheel(outdir, "flashinfer-jit-cache", stack["flashinfer-jit-cache"],
@@ -152,6 +158,9 @@ def stack_wheels(outdir: Path, stack: dict[str, str]) -> list[Path]:
         nvidia_wheel(outdir, "nvidia-cublas", stack["nvidia-cublas"], "libcublas.so.13"),
         *flashinfer_wheels(outdir, stack),
     ]
+    if "nvidia-cudnn-frontend" in stack:
+        wheels.append(nvidia_wheel(outdir, "nvidia-cudnn-frontend", stack["nvidia-cudnn-frontend"],
+                                   "libcudnn_frontend.so"))
     if "sgl-kernel" in stack:
         wheels.append(sgl_kernel_wheel(outdir, stack["sgl-kernel"], stack["torch"]))
     return wheels

@@ -196,22 +196,42 @@ def test_plan_error_fails_the_host_and_releases_the_lock():
     assert session.steps[-1] == "unlock"
 
 
-def test_upload_skips_a_wheel_already_on_the_host(tmp_path):
+def test_upload_skips_a_wheel_already_on_the_host_and_pushes_a_missing_one(tmp_path, mocker):
     wheel = tmp_path / "w-1.0-py3-none-any.whl"
     wheel.write_bytes(b"wheel")
     sha = hashlib.sha256(b"wheel").hexdigest()
-    up_item = Upload(wheel.as_uri(), sha, "/var/cache/gpufleet/wheels/w-1.0-py3-none-any.whl")
+    up_item = Upload(wheel.as_uri(), sha, "/var/cache/gpufleet/wheels/w-1.0-py3-none-any.whl", "w", "1.0")
     s = step("one", uploads=(up_item,))
+    pushed = mocker.patch("gpufleet.push.push_files")
     upgrade_run, _, _ = upgrade([role("a", [s])], wheels=WheelCache(tmp_path / "cache"))
-    session = FakeSession({"one: upload w-1.0-py3-none-any.whl: on the host?": (0, f"{sha}  -\n")})
-    upgrade_run.host(session, Stack())
-    assert session.put_files == []
-
-    upgrade_run, _, _ = upgrade([role("a", [s])], wheels=WheelCache(tmp_path / "cache"))
-    session = FakeSession({"one: upload w-1.0-py3-none-any.whl: on the host?": (1, "")})
+    session = FakeSession({"one: which wheels are on the host?": (0, "@@push 0 present\n")})
     report = upgrade_run.host(session, Stack())
     assert report.ok, report.error
-    assert session.put_files == [(str(wheel), up_item.remote + ".part")]
+    assert pushed.call_count == 0
+    assert report.wheels == [{"name": "w", "version": "1.0", "filename": wheel.name, "url": wheel.as_uri(),
+                              "sha256": sha}]
+
+    upgrade_run, _, _ = upgrade([role("a", [s])], wheels=WheelCache(tmp_path / "cache"))
+    session = FakeSession({"one: which wheels are on the host?": (0, "@@push 0 absent\n")})
+    report = upgrade_run.host(session, Stack())
+    assert report.ok, report.error
+    [call] = pushed.call_args_list
+    [item] = call.args[1]
+    assert (item.local, item.remote, item.sha256) == (wheel, up_item.remote, sha)
+
+
+def test_a_wheel_without_a_published_hash_is_hashed_by_the_control_node(tmp_path, mocker):
+    wheel = tmp_path / "w-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"wheel")
+    up_item = Upload(wheel.as_uri(), None, "/var/cache/gpufleet/wheels/w-1.0-py3-none-any.whl", "w", "1.0")
+    pushed = mocker.patch("gpufleet.push.push_files")
+    upgrade_run, _, _ = upgrade([role("a", [step("one", uploads=(up_item,))])],
+                                wheels=WheelCache(tmp_path / "cache"))
+    session = FakeSession({"one: which wheels are on the host?": (0, "@@push 0 absent\n")})
+    report = upgrade_run.host(session, Stack())
+    assert report.ok, report.error
+    [item] = pushed.call_args_list[0].args[1]
+    assert item.sha256 == hashlib.sha256(b"wheel").hexdigest() == report.wheels[0]["sha256"]
 
 
 def test_report_json_shape():
