@@ -72,10 +72,10 @@ class FleetLock(_Strict):
 def load(path: str | Path) -> FleetLock:
     """Read and validate a lock file; every problem names the file, the field and the value."""
     data = read_toml(path)
-    if data.get("lock", {}).get("format") not in (None, FORMAT):
-        raise ConfigError(str(path), f"lock format {data['lock']['format']!r} is not {FORMAT}: written by another "
-                                     f"gpufleet version", field="lock.format", value=data["lock"]["format"],
-                          has_value=True)
+    meta = data.get("lock")
+    if isinstance(meta, dict) and meta.get("format") not in (None, FORMAT):
+        raise ConfigError(str(path), f"lock format {meta['format']!r} is not {FORMAT}: written by another "
+                                     f"gpufleet version", field="lock.format", value=meta["format"], has_value=True)
     try:
         found = FleetLock(**data)
     except ValidationError as exc:
@@ -95,10 +95,11 @@ def render(found: FleetLock, note: str = "") -> str:
     for key in ("lock", "sglang", "sgl_kernel"):
         doc[key] = {k: v for k, v in data[key].items() if v is not None}
     doc["packages"] = dict(sorted(data["packages"].items()))
-    wheels = tomlkit.aot()
-    for wheel in sorted(data["wheels"], key=lambda w: w["filename"]):
-        wheels.append(tomlkit.item(wheel))
-    doc["wheels"] = wheels
+    if data["wheels"]:  # an empty array of tables is written as `wheels = []` above the header
+        wheels = tomlkit.aot()
+        for wheel in sorted(data["wheels"], key=lambda w: w["filename"]):
+            wheels.append(tomlkit.item(wheel))
+        doc["wheels"] = wheels
     return tomlkit.dumps(doc)
 
 
