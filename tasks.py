@@ -50,7 +50,8 @@ def status(c, host=None, hosts=None, inventory=None, stack=None, json=False, acc
         from gpufleet import cli_lock
 
         _exit(cli_lock.lock_status(inventory, stack, host, hosts, json, accept_new_host_keys, lock))
-    _exit(cli.status(inventory, stack, host, hosts, json, accept_new_host_keys))
+    else:
+        _exit(cli.status(inventory, stack, host, hosts, json, accept_new_host_keys))
 
 
 @fleet_task(help={**_COMMON,
