@@ -86,6 +86,7 @@ class Upgrade:
     build_cache: buildcache.LocalCache = field(default_factory=buildcache.LocalCache)
     reconnect_for: float = 900.0  # how long a resumable step keeps trying to reach a host that dropped off
     lock: FleetLock | None = None  # converge every host to this recorded stack
+    host_lock_held: bool = False  # the caller holds each host's lock already (e.g. a probe redeploying): keep it
     resolver_version: str = RESOLVER_PIP
     _pip_wheels: dict = field(default_factory=dict, repr=False)
     _pip_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -162,7 +163,8 @@ class _HostRun:
     def apply(self) -> None:
         run = self.up.run
         try:
-            hoststate.acquire_lock(self.session, run)
+            if not self.up.host_lock_held:
+                hoststate.acquire_lock(self.session, run)
         except HostLockedError as exc:
             self.report.outcome, self.report.error = "locked", str(exc)
             self.report.next_step = (f"wait for that run to finish; if it is gone for good, remove "
@@ -182,10 +184,11 @@ class _HostRun:
             if self.report.outcome == "running":  # an unexpected exception is on its way up
                 self.report.outcome, self.report.error = "failed", "interrupted"
             self.audit()
-            try:
-                hoststate.release_lock(self.session, run)
-            except GpufleetError as exc:
-                self.say(f"could not release the lock: {exc}")
+            if not self.up.host_lock_held:
+                try:
+                    hoststate.release_lock(self.session, run)
+                except GpufleetError as exc:
+                    self.say(f"could not release the lock: {exc}")
 
     def apply_roles(self) -> None:
         facts = self.up.read_facts(self.session)

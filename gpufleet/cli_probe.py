@@ -117,17 +117,15 @@ class ProbeRun:
         except HostLockedError as exc:
             report.status, report.error = "locked", str(exc)
             return
-        held = [True]  # --apply hands the lock to the deploy (it takes the host lock itself)
         try:
-            self._probe(session, host_stack, report, run, held)
+            self._probe(session, host_stack, report, run)
         finally:
-            if held[0]:
-                try:
-                    hoststate.release_lock(session, run)
-                except GpufleetError as exc:  # must not hide what went wrong before
-                    self.say(f"[{session.name}] could not release the host lock: {exc}")
+            try:
+                hoststate.release_lock(session, run)
+            except GpufleetError as exc:  # must not hide what went wrong before
+                self.say(f"[{session.name}] could not release the host lock: {exc}")
 
-    def _probe(self, session, host_stack, report: HostProbe, run: RunInfo, held: list[bool]) -> None:
+    def _probe(self, session, host_stack, report: HostProbe, run: RunInfo) -> None:
         say = _host_say(self.say, session.name)
         installed, active = production_state(session)
         unit = production_unit(session)
@@ -153,10 +151,10 @@ class ProbeRun:
             finished = True
         finally:
             with interrupts_deferred(say):
-                self._leave_serving(session, host_stack, report, prober, finished, was_active, run, held, say)
+                self._leave_serving(session, host_stack, report, prober, finished, was_active, run, say)
         report.status = "completed"
 
-    def _leave_serving(self, session, host_stack, report, prober, finished, was_active, run, held, say) -> None:
+    def _leave_serving(self, session, host_stack, report, prober, finished, was_active, run, say) -> None:
         """The host serves again whatever happened: the chosen set redeployed (--apply), else the original unit."""
         problems = []
         if prober.current_unit:  # interrupted mid-candidate, or its stop failed: one more try before anything else
@@ -167,9 +165,7 @@ class ProbeRun:
                 problems.append(f"could not stop {prober.current_unit}: {exc}")
         try:
             if finished and self.apply and report.chosen:
-                hoststate.release_lock(session, run)
-                held[0] = False
-                self._apply(session, host_stack, report, say)
+                self._apply(session, host_stack, report, say, run)
             else:
                 if finished and self.apply:
                     say("no candidate gave every known answer: nothing written, the original server goes back")
@@ -194,7 +190,7 @@ class ProbeRun:
         report.left = f"{unit} serving its original backends, healthy after {report.health['health_seconds']} s"
         say(report.left)
 
-    def _apply(self, session, host_stack, report: HostProbe, say) -> None:
+    def _apply(self, session, host_stack, report: HostProbe, say, run: RunInfo) -> None:
         """Write the chosen set into the host's inventory entry, then redeploy through deploy-model's path."""
         # Imported here: the executor is only needed by --apply (a probe without it never changes the host's stack).
         from gpufleet.apply import Upgrade
@@ -218,8 +214,9 @@ class ProbeRun:
         else:
             new_stack = host_stack
             say(f"{session.name} is already configured with the fastest correct set: nothing to write")
-        deployer = Upgrade(roles=[ModelServer(secrets=self.secrets)], run=RunInfo.current(self.command), repo=REPO,
-                           say=self.say, command_timeout=self.inv.settings.command_timeout)
+        # the probe's host lock stays held through the redeploy: no other run can slip in between
+        deployer = Upgrade(roles=[ModelServer(secrets=self.secrets)], run=run, repo=REPO, say=self.say,
+                           command_timeout=self.inv.settings.command_timeout, host_lock_held=True)
         done = deploy_one(deployer, session, new_stack, self.say)
         if not done.report.ok:
             raise GpufleetError(f"host {session.name}: redeploy with the chosen backends failed: {done.report.error}")
