@@ -22,13 +22,14 @@ def lock_status(inventory, stack, host, hosts, as_json: bool, accept_new_host_ke
                            "hosts": [d.to_json() if d else {"host": h, "matches": False, "error": err}
                                      for h, d, err in rows]})
     else:
+        render.console.print(f"hosts against {found.path} (recorded from {found.lock.canary} at {found.lock.created}; "
+                             f"{len(found.packages)} distributions)", highlight=False)
         render.console.print(table(found, rows))
     return 0 if all(d is not None and d.matches for _, d, _ in rows) else 1
 
 
 def table(found: lock.FleetLock, rows) -> Table:
-    out = Table(title=f"hosts against {found.path} (from {found.lock.canary}, {found.lock.created}; "
-                      f"{len(found.packages)} distributions)", title_justify="left", show_lines=True)
+    out = Table(show_lines=True)
     for column in ("host", "matches", "differences"):
         out.add_column(column)
     for name, d, err in rows:

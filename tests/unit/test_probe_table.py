@@ -65,4 +65,4 @@ def test_stand_in_parses_the_real_flags_and_applies_rules_in_order(tmp_path):
         500, 2, True, None)
     off, _ = ls.parse_args(["--model-path", "/m", "--attention-backend", "flashinfer"])
     assert ls.Behaviour.of(off, str(rules)).fail_start == "boom"
-    assert ls.Behaviour.of(argparse.Namespace(**vars(off)), str(tmp_path / "absent.json")).tokens_per_second is None
+    assert ls.Behaviour.of(argparse.Namespace(**vars(off)), str(tmp_path / "absent.json")).tokens_per_second == ls.DEFAULT_TOKENS_PER_SECOND

@@ -62,6 +62,9 @@ def garbage_output() -> bool:
     return os.environ.get("SGLANG_SIM_GARBAGE") == "1" or os.path.exists(GARBAGE_FILE)
 
 
+DEFAULT_TOKENS_PER_SECOND = 1000
+
+
 class Behaviour:
     """What this launch's backend set does, from BACKENDS_FILE:
 
@@ -77,7 +80,8 @@ class Behaviour:
 
     def __init__(self, values: dict | None = None):
         values = values or {}
-        self.tokens_per_second = values.get("tokens_per_second")
+        # a real server decodes at some finite rate: without one, a probe would time only the network
+        self.tokens_per_second = values.get("tokens_per_second", DEFAULT_TOKENS_PER_SECOND)
         self.load_seconds = values.get("load_seconds")
         self.wrong_answers = bool(values.get("wrong_answers"))
         self.fail_start = values.get("fail_start") or None
