@@ -90,6 +90,7 @@ def site(fleet, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         root = tmp_path_factory.mktemp("upgrade")
         s = Site(fleet, root)
+        s.index_log_from = index_log_size(fleet)  # the index's log from here on: this module's cache at work
         mp.setenv("GPUFLEET_CACHE_DIR", str(s.cache))
         yield s
 
@@ -252,20 +253,34 @@ def test_second_concurrent_run_is_refused_naming_the_holder(fleet, site):
         on(fleet, "gpu2", "rm -rf /var/lib/gpufleet/lock")
 
 
-def assert_wheels_fetched_once_by_the_control_node(fleet) -> None:
-    """The index's log: every wheel file was downloaded at most once, and only by the control node; hosts read
-    pages and PEP 658 metadata files only (their pip resolves, the control node hands them the wheels)."""
+def index_log_size(fleet) -> int:
+    log = fleet.logs / "index.log"
+    return log.stat().st_size if log.exists() else 0
+
+
+def stack_wheel_downloads(fleet, since: int) -> list[tuple[str, str]]:
+    """(client address, file) of every stack wheel downloaded from the index since byte `since` of its log."""
     import re
+
+    with open(fleet.logs / "index.log", "rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    gets = re.findall(r'^(\S+) - - \[[^]]+\] "GET /files/(\S+\.whl) HTTP', text, re.M)
+    return [(who, name) for who, name in gets if name.split("-")[0] in
+            ("torch", "triton", "nvidia_cublas", "nvidia_cuda_runtime", "nvidia_cudnn_frontend", "flashinfer_python",
+             "flashinfer_cubin", "flashinfer_jit_cache")]
+
+
+def assert_wheels_fetched_once_by_the_control_node(fleet, since: int) -> list[str]:
+    """Since `since` (with one control-node cache): every stack wheel was downloaded at most once, and only by the
+    control node; hosts read pages and PEP 658 metadata only. Returns the files downloaded."""
     from gpufleet.sim.fleet import CONTROL_ADDR
 
-    gets = re.findall(r'^(\S+) - - \[[^]]+\] "GET /files/(\S+\.whl) HTTP', (fleet.logs / "index.log").read_text(), re.M)
-    stack_wheels = [(who, f) for who, f in gets if f.split("-")[0] in
-                    ("torch", "triton", "nvidia_cublas", "nvidia_cuda_runtime", "flashinfer_python",
-                     "flashinfer_cubin", "flashinfer_jit_cache")]
-    assert stack_wheels, gets
-    assert {who for who, _ in stack_wheels} == {CONTROL_ADDR}, stack_wheels
-    files = [f for _, f in stack_wheels]
+    downloads = stack_wheel_downloads(fleet, since)
+    assert {who for who, _ in downloads} <= {CONTROL_ADDR}, downloads
+    files = [name for _, name in downloads]
     assert len(files) == len(set(files)), files
+    return files
 
 
 def test_jit_cache_by_url_fetched_once_and_gpu1_build_installed_elsewhere(fleet, site, first_run, tmp_path):
@@ -309,5 +324,8 @@ def test_jit_cache_by_url_fetched_once_and_gpu1_build_installed_elsewhere(fleet,
         assert versions(fleet, host)["sgl-kernel"] == KERNEL
     # gpu1's run already cached the same file (same sha256, taken from the index then): no second download
     assert log.read_text().count("GET /files/" + JIT_WHEEL.replace("+", "%2B")) <= max(fetches, 1)
-    assert_wheels_fetched_once_by_the_control_node(fleet)
+    # over the module (its own cache, 5 upgrades of 3 hosts): the whole target stack, each file once
+    files = assert_wheels_fetched_once_by_the_control_node(fleet, site.index_log_from)
+    assert {f.split("-")[0] for f in files} >= {"torch", "triton", "nvidia_cublas", "flashinfer_python",
+                                                "flashinfer_cubin", "flashinfer_jit_cache"}, files
     assert (site.cache / "wheels" / sha256_of(wheel) / JIT_WHEEL).read_bytes() == wheel.read_bytes()
