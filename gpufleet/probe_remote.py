@@ -8,7 +8,7 @@ from typing import Callable
 
 from gpufleet import health
 from gpufleet.command import Cmd
-from gpufleet.errors import GpufleetError, RemoteCommandError
+from gpufleet.errors import GpufleetError
 from gpufleet.facts.script import unit_name
 from gpufleet.health import Gate, HealthError
 from gpufleet.probe import CORRECT, ERROR, FAILED, TIMEOUT, WRONG, Candidate, Outcome, candidate_stack, failure_reason

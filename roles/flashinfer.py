@@ -6,7 +6,7 @@ import json
 
 from gpufleet.command import Cmd
 from gpufleet.fetch import wheel_filename
-from gpufleet.plan import PlanContext, PlanError, Step, Unchanged, Upload
+from gpufleet.plan import PlanContext, Step, Unchanged, Upload
 from gpufleet.status import versions_match
 from roles.pip import WHEEL_DIR, installed_packages, needs_versions, normalized, pushed_install, venv_python
 

@@ -1,4 +1,4 @@
-"""Install commands into a host's venv (uv where the host has it, else the venv's pip) and version checks."""
+"""Installs into a host's venv (resolved on the host, wheels handed over by the control node) and version checks."""
 
 from __future__ import annotations
 
@@ -14,12 +14,6 @@ from gpufleet.plan import PlanContext, PlanError, Upload
 # otherwise mix other builds into an exact pin.
 PIP_ENV = {"PIP_CONFIG_FILE": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
 
-_FIND_UV = r'''
-for c in "$(command -v uv 2>/dev/null)" "$1/bin/uv" "$HOME/.local/bin/uv" "$HOME/.cargo/bin/uv"; do
-    if [ -n "$c" ] && [ -x "$c" ]; then echo "$c"; exit 0; fi
-done
-exit 1
-'''
 
 # exit 0: some package differs from its pin (install still needed); exit 1: all pinned versions are installed.
 # Any surprise also means "needed": a wrong "done" would skip a real change.
@@ -61,15 +55,6 @@ def url_part(url: str) -> Part:
     return Secret(url) if parts.username or parts.password else url
 
 
-def find_uv(ctx: PlanContext) -> str | None:
-    """The path of uv on the host, or None (also when there is no probe, as in unit tests)."""
-    if ctx.probe is None:
-        return None
-    result = ctx.probe(Cmd.of("bash", "-c", _FIND_UV, "find-uv", ctx.host.venv), "find uv")
-    lines = result.output.strip().splitlines()
-    return lines[-1].strip() if result.exit_code == 0 and lines else None
-
-
 def installed_packages(ctx: PlanContext, role: str) -> dict[str, str]:
     """The venv's packages from facts; a role cannot plan without them."""
     if ctx.facts.packages is None:
@@ -78,37 +63,12 @@ def installed_packages(ctx: PlanContext, role: str) -> dict[str, str]:
     return ctx.facts.packages
 
 
-def has_pip(ctx: PlanContext) -> bool:
-    return "pip" in (ctx.facts.packages or {})
-
-
 def install_cmd(ctx: PlanContext, requirements: list[str], *, index_url: str | None,
-                extra_index_urls: tuple[str, ...] | list[str] = (), pre: bool = False, uv: str | None = None) -> Cmd:
-    """One resolver run installing every requirement (pins or wheel paths): a missing pin changes nothing."""
-    extras = [u for u in dict.fromkeys([*extra_index_urls, *ctx.stack.pip.extra_index_urls]) if u != index_url]
-    trusted = list(dict.fromkeys(ctx.stack.pip.trusted_hosts))
-    python = venv_python(ctx)
-    if uv:
-        argv: list[Part] = [uv, "pip", "install", "--no-config", "--python", python, *requirements]
-        if index_url:
-            argv += ["--index-url", url_part(index_url)]
-        for url in extras:
-            argv += ["--extra-index-url", url_part(url)]
-        for host in trusted:
-            argv += ["--allow-insecure-host", host]
-        if pre:
-            argv += ["--prerelease", "allow"]
-        if extras:
-            # uv's default takes a package only from the first index listing it; pins across indexes need pip's rule
-            argv += ["--index-strategy", "unsafe-best-match"]
-        return Cmd.of(*argv, cwd="/")
-    argv = [python, "-m", "pip", "install", "--progress-bar", "off", *(["--pre"] if pre else []), *requirements]
-    if index_url:
-        argv += ["--index-url", url_part(index_url)]
-    for host in trusted:
-        argv += ["--trusted-host", host]
-    for url in extras:
-        argv += ["--extra-index-url", url_part(url)]
+                extra_index_urls: tuple[str, ...] | list[str] = (), pre: bool = False) -> Cmd:
+    """One resolver run of the venv's pip from the stack's indexes (small build tools; the stack's wheels go
+    through pushed_install)."""
+    argv: list[Part] = [venv_python(ctx), "-m", "pip", "install", "--progress-bar", "off",
+                        *index_args(ctx, index_url, extra_index_urls, pre), *requirements]
     # cwd /: `python -m` puts the working directory on sys.path
     return Cmd.of(*argv, env=PIP_ENV, cwd="/")
 
