@@ -21,8 +21,14 @@ def plan(ctx: PlanContext) -> list[Step | Unchanged]:
     differ = {n: v for n, v in pinned.items() if n not in editable and not versions_match(have.get(n), v)}
     if not differ:
         return [Unchanged(name, f"every distribution of {ctx.lock.path} is installed at its locked version")]
+    # every index of the stack: a locked distribution may live on the torch or flashinfer index only (triton,
+    # nvidia-*), and the pins are exact (with the lock's sha256 where it recorded the file)
+    fi = ctx.stack.flashinfer
+    indexes = [ctx.stack.torch.index_url, *(src.index_url for src in (fi.python, fi.cubin, fi.jit_cache)
+                                            if src.index_url)]
     pins, uploads, cmd = pushed_install(ctx, name, [f"{n}=={v}" for n, v in sorted(differ.items())],
-                                        index_url=ctx.stack.pip.index_url)
+                                        index_url=ctx.stack.pip.index_url, extra_index_urls=indexes,
+                                        pre=ctx.stack.torch.pre)
     listed = ", ".join(f"{n} {have.get(n) or '(absent)'} -> {v}" for n, v in sorted(differ.items()))
     return [Step(role=name, title=f"install {len(differ)} locked distribution(s)",
                  reason=f"the lock {ctx.lock.path} (proven on {ctx.lock.lock.canary}) has {listed}",

@@ -181,3 +181,14 @@ def test_handed_over_refuses_another_file_under_a_locked_name() -> None:
     assert text.startswith("host gpu2: role locked-packages cannot plan:")
     for part in (TRITON_FILE, "8" * 64, TRITON_SHA, LOCK_PATH, "refusing a different file under the same name"):
         assert part in text, f"{part!r} not in {text!r}"
+
+
+def test_locked_distributions_are_looked_for_on_every_index_of_the_stack():
+    # triton and nvidia-* may live on the torch index only; the pins are exact either way
+    _, probe = planned(at_lock(triton="3.5.1"))
+    [(_, cmd)] = [a for a in probe.asked if ": resolve " in a[0]]
+    argv = list(cmd.argv)
+    assert argv[argv.index("--index-url") + 1] == "https://pypi.org/simple"
+    extras = [argv[i + 1] for i, a in enumerate(argv) if a == "--extra-index-url"]
+    assert extras == ["https://download.pytorch.org/whl/nightly/cu130", "https://flashinfer.ai/whl/cu130"]
+    assert "--pre" in argv  # the torch index's nightlies are pre-releases
