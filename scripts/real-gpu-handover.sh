@@ -77,7 +77,9 @@ for r in refs:
     shutil.copy(served, push / r.filename)  # what push_files would put in /var/cache/gpufleet/wheels
     print(f"{r.name}=={r.version}")
 EOF
-"$PY" -m venv --system-site-packages "$W/venv"
+# a throwaway venv that sees the real venv's packages (torch included) as installed, as the real venv would
+"$PY" -m venv "$W/venv"
+"$PY" -c 'import site; print(site.getsitepackages()[0])' > "$("$W/venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')/real-venv.pth"
 PIP_CONFIG_FILE=/dev/null "$W/venv/bin/python" "$PIPWHL/pip" install --progress-bar off --no-index \
     --find-links "$W/push" -c "$W/lock-constraints.txt" $(cat "$W/pins"); echo "exit $?"
 "$W/venv/bin/python" - <<'EOF'
