@@ -8,7 +8,8 @@ from gpufleet.command import Cmd
 from gpufleet.fetch import wheel_filename
 from gpufleet.plan import PlanContext, Step, Unchanged, Upload
 from gpufleet.status import versions_match
-from roles.pip import WHEEL_DIR, installed_packages, needs_versions, normalized, pushed_install, venv_python
+from roles.pip import (WHEEL_DIR, installed_packages, needs_versions, normalized, pushed_install, venv_python,
+                       wanted_by)
 
 name = "flashinfer"
 PACKAGES = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
@@ -101,7 +102,7 @@ def install_step(ctx: PlanContext, have: dict[str, str | None]) -> Step:
     others = sorted(n for n in pins if n not in PACKAGES)
     return Step(role=name, title=f"install flashinfer {want['flashinfer-python']} (python, cubin, jit-cache "
                                  f"{want['flashinfer-jit-cache']})",
-                reason=f"venv has {had}; stack.toml wants {wanted} (the three move together"
+                reason=f"venv has {had}; {wanted_by(ctx)} {wanted} (the three move together"
                        + (f"; brings {', '.join(others)}" if others else "") + f"); {len(uploads) - 1} wheel(s) "
                        f"handed over by the control node",
                 commands=(cmd,), needed=needs_versions(ctx, {**want, **pins}), verify=(rules_cmd(ctx),),

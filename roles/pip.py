@@ -115,6 +115,11 @@ def index_args(ctx: PlanContext, index_url: str | None, extra_index_urls=(), pre
     return argv
 
 
+def wanted_by(ctx: PlanContext) -> str:
+    """Who asks for the versions a role installs: stack.toml, or the fleet lock that overrides it."""
+    return f"the lock {ctx.lock.path} wants" if ctx.lock else "stack.toml wants"
+
+
 def constraints(ctx: PlanContext) -> list[str]:
     """`name==version` of every locked distribution (empty without a lock): the host resolves to exactly those."""
     return ctx.lock.constraints() if ctx.lock else []

@@ -10,7 +10,7 @@ from gpufleet.command import Cmd
 from gpufleet.facts.probe import TORCH_PROBE
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
 from gpufleet.status import versions_match
-from roles.pip import installed_packages, needs_versions, normalized, pushed_install, venv_python
+from roles.pip import installed_packages, needs_versions, normalized, pushed_install, venv_python, wanted_by
 
 name = "torch"
 
@@ -88,14 +88,14 @@ def plan(ctx: PlanContext) -> list[Step | Unchanged]:
     packages = installed_packages(ctx, name)
     have = packages.get("torch")
     if versions_match(have, want):
-        return [Unchanged(name, f"torch {have} already installed (stack.toml wants {want})")]
+        return [Unchanged(name, f"torch {have} already installed ({wanted_by(ctx)} {want})")]
     had = f"venv has torch {have}" if have else f"torch is not installed in {ctx.host.venv}"
     pins, uploads, cmd = pushed_install(ctx, name, [f"torch=={want}"], index_url=ctx.stack.torch.index_url,
                                         pre=ctx.stack.torch.pre)
     others = sorted(n for n in pins if n != "torch")
     brings = f"brings {len(others)} more: {', '.join(others)}" if others else "nothing else changes"
     return [Step(role=name, title=f"install torch {want}",
-                 reason=f"{had}; stack.toml wants {want} ({brings}); {len(pins)} wheel(s) handed over by the "
+                 reason=f"{had}; {wanted_by(ctx)} {want} ({brings}); {len(pins)} wheel(s) handed over by the "
                         f"control node",
                  commands=(cmd,), needed=needs_versions(ctx, {"torch": want, **pins}), verify=(check_cmd(ctx),),
                  changes=("venv",), uploads=uploads)]

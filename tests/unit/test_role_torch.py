@@ -252,3 +252,18 @@ def test_needed_check_exit_codes(tmp_path):
     assert done.returncode == 1
     other = json.dumps({"torch": "2.13.0"})
     assert subprocess.run([sys.executable, "-c", code, other], env=env, capture_output=True).returncode == 0
+
+
+def test_with_a_fleet_lock_the_reason_names_the_lock_and_pip_resolves_with_its_pins():
+    from gpufleet.lock import FleetLock, LockKernel, LockMeta, LockSglang
+
+    found = FleetLock(lock=LockMeta(format=1, created="2026-03-08T10:00:00Z", canary="gpu1"),
+                      sglang=LockSglang(commit="0123abc", patches="a" * 64), sgl_kernel=LockKernel(patches="b" * 64),
+                      packages={"torch": TARGET, "triton": "3.6.0", "sglang": "0.5.9"}, path="/locks/l.toml")
+    probe = resolving_probe({"torch": report(*CASCADE)})
+    c = ctx(probe=probe)
+    c.lock = found
+    [step] = torch.plan(c)
+    assert step.reason.startswith(f"venv has torch 2.9.1+cu130; the lock /locks/l.toml wants {TARGET} ")
+    resolve = probe.asked[0][1]
+    assert resolve.argv[4] == f"torch=={TARGET}\ntriton==3.6.0"  # constraints: every locked pin but sglang
