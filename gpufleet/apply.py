@@ -88,16 +88,15 @@ class Upgrade:
     lock: FleetLock | None = None  # converge every host to this recorded stack
     host_lock_held: bool = False  # the caller holds each host's lock already (e.g. a probe redeploying): keep it
     resolver_version: str = RESOLVER_PIP
-    _pip_wheels: dict = field(default_factory=dict, repr=False)
+    _pip_wheel: Path | None = field(default=None, repr=False)
     _pip_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def pip_wheel(self, stack) -> Path:
         """The pinned pip wheel on the control node, fetched once per run for all hosts."""
         with self._pip_guard:
-            if self.resolver_version not in self._pip_wheels:
-                self._pip_wheels[self.resolver_version] = fetch_pip_wheel(
-                    self.resolver_version, stack.pip.index_url, stack.pip.trusted_hosts)
-            return self._pip_wheels[self.resolver_version]
+            if self._pip_wheel is None:
+                self._pip_wheel = fetch_pip_wheel(self.resolver_version, stack.pip.index_url, stack.pip.trusted_hosts)
+            return self._pip_wheel
 
     def host(self, session, stack) -> HostReport:
         """Plan (dry run) or apply every role on one host; never raises for a failure on the host."""
@@ -298,12 +297,14 @@ class _HostRun:
         probes = [PushItem(Path(os.devnull), up.remote, sha) for up, sha, _ in wanted]
         check = self.session.run(push.check_command(probes), step=f"{title}: which wheels are on the host?")
         states = push.parse_check(self.session.name, probes, check.output)
-        missing = [PushItem(local or self.up.wheels.get(up.url, sha), up.remote, sha)
+        lacking = [(PushItem(local or self.up.wheels.get(up.url, sha), up.remote, sha), state)
                    for (up, sha, local), state in zip(wanted, states) if state != "present"]
-        if missing:
+        if lacking:
+            missing = [item for item, _ in lacking]
             size = sum(item.local.stat().st_size for item in missing)
             self.say(f"handing over {len(missing)} wheel(s), {size / 2**20:.1f} MiB, from the control node")
-            push.push_files(self.session, missing, say=self.say)
+            # checked above, before fetching: push_files need not ask the host again
+            push.push_files(self.session, missing, say=self.say, states=[state for _, state in lacking])
 
     def resume_hint(self) -> str:
         failed = next((e for e in self.report.entries if e.status == "failed"), None)

@@ -397,8 +397,9 @@ def _mb(size: int) -> str:
 
 
 def push_files(session, files: list[PushItem], *, say: Callable[[str], None] = lambda text: None,
-               method: str | None = None) -> PushReport:
-    """Put files on session's host: one check, one stream of what is missing, each verified there and renamed."""
+               method: str | None = None, states: list[str] | None = None) -> PushReport:
+    """Put files on session's host: one check, one stream of what is missing, each verified there and renamed.
+    `states`: what check_command already said of these files (a caller that checked before fetching them)."""
     started = time.monotonic()
     if method not in (None, "openssh", "paramiko"):
         raise ValueError(f"unknown push method {method!r}")
@@ -407,8 +408,11 @@ def push_files(session, files: list[PushItem], *, say: Callable[[str], None] = l
     report = PushReport(session.name, method or "")
     if not items:
         return report
-    check = session.run(check_command(items), step="push: which files are already there", check=True)
-    states = parse_check(session.name, items, check.output)
+    if states is None:
+        check = session.run(check_command(items), step="push: which files are already there", check=True)
+        states = parse_check(session.name, items, check.output)
+    elif len(states) != len(items):
+        raise ValueError(f"{len(states)} states for {len(items)} files")
     missing = [item for item, state in zip(items, states) if state != "present"]
     for item, state in zip(items, states):
         if state == "present":

@@ -187,3 +187,17 @@ def test_large_pushes_go_over_openssh_small_ones_over_the_open_transport():
     assert choose_method(OPENSSH_MIN_BYTES, "/usr/bin/ssh") == "openssh"
     assert choose_method(OPENSSH_MIN_BYTES - 1, "/usr/bin/ssh") == "paramiko"
     assert choose_method(10 * OPENSSH_MIN_BYTES, None) == "paramiko"  # no ssh binary: the fallback
+
+
+def test_states_the_caller_already_read_spare_the_second_check(tmp_path, mocker):
+    from gpufleet import push
+
+    items = [_item(tmp_path, "a.whl", b"a"), _item(tmp_path, "b.whl", b"b")]
+    session = SimpleNamespace(name="gpu1", alive=True, run=mocker.Mock(side_effect=AssertionError("no remote check")))
+    send = mocker.patch.object(push, "_send_paramiko", return_value=("", ""))
+    mocker.patch.object(push, "parse_receive")
+    report = push.push_files(session, items, states=["absent", "differs"], method="paramiko")
+    assert session.run.call_count == 0
+    assert send.call_args.args[1] == items and report.method == "paramiko"
+    with pytest.raises(ValueError, match="1 states for 2 files"):
+        push.push_files(session, items, states=["absent"])
