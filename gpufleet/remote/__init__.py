@@ -1,0 +1,1 @@
+"""Code that runs on the hosts, shipped as files and loaded with importlib.resources."""
