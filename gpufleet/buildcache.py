@@ -25,9 +25,15 @@ class BuildInputs:
     fp4: bool
     extra_cmake_args: tuple[str, ...] = ()
     compile_threads: int = 1
+    defines: tuple[tuple[str, str], ...] = ()  # the stack's -D options (they change which archs are built)
 
     def key(self) -> str:
-        data = json.dumps({**asdict(self), "extra_cmake_args": list(self.extra_cmake_args)}, sort_keys=True)
+        data = {**asdict(self), "extra_cmake_args": list(self.extra_cmake_args)}
+        if self.defines:
+            data["defines"] = dict(self.defines)
+        else:  # keys of builds recorded before options existed stay the same
+            data.pop("defines")
+        data = json.dumps(data, sort_keys=True)
         return hashlib.sha256(data.encode()).hexdigest()
 
 
@@ -75,6 +81,10 @@ class Record:
     fp4: bool = False
     seconds: float = 0.0
     origin: str = "built-here"  # or "copied-from <host>"
+    libraries: dict = field(default_factory=dict)  # each built library: archs and PTX read off it, and how
+    fp4_ops: dict = field(default_factory=dict)  # FP4 op -> the module that exports it
+    torch: str = ""
+    cuda: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from gpufleet import sources
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.checkout import redact_url
 
@@ -75,12 +76,33 @@ class WheelCache:
         return path.parent.name if path.parent.parent == self.root else sha256_of(path)
 
     def _unpinned(self, url: str) -> Path:
+        if sources.is_git_url(url):  # a build's FetchContent dependency: the tree of repository@tag as a tar
+            try:
+                return self._hashed(sources.fetch_archive(url, self.root.parent / "sources"))
+            except sources.SourceError as exc:
+                raise FetchError(str(exc)) from None
         tmp = self.root / "unpinned" / hashlib.sha256(url.encode()).hexdigest() / wheel_filename(url)
         self._download(url, tmp, None)
         path = self.root / sha256_of(tmp) / tmp.name
         path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, path)
         return path
+
+    def _hashed(self, path: Path) -> Path:
+        """A copy of path under <sha256>/ (hard-linked where possible), so sha256() reads its name."""
+        target = self.root / sha256_of(path) / path.name
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            part = target.with_name(target.name + ".part")
+            part.unlink(missing_ok=True)
+            try:
+                os.link(path, part)
+            except OSError:
+                import shutil
+
+                shutil.copyfile(path, part)
+            os.replace(part, target)
+        return target
 
     def _obtain(self, url: str, sha256: str) -> Path:
         parts = urlsplit(url)

@@ -188,6 +188,22 @@ class SglKernelStack(Section):
     cccl_include: RemotePath = "/usr/local/cuda/include/cccl"
     patches: LocalPath = Field(Path("patches/sgl-kernel"), validate_default=True)
     extra_cmake_args: list[str] = []
+    # -D options upstream's CMakeLists reads; they narrow its hard-coded gencode list (TORCH_CUDA_ARCH_LIST does not)
+    cmake_defines: dict[str, str] = {"ENABLE_BELOW_SM90": "OFF", "SGL_KERNEL_ENABLE_FA3": "OFF"}
+    # installed into the venv before the build, from the stack's indexes, with the pyproject's build requirements
+    build_tools: list[str] = ["cmake>=3.31", "scikit-build-core>=0.10"]
+    # FetchContent repositories are fetched by the control node; a prefix here is replaced (a site's GitHub mirror)
+    source_mirrors: dict[str, str] = {}
+
+    @field_validator("cmake_defines")
+    @classmethod
+    def _defines(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"{key!r} is not a CMake variable name")
+            if not re.fullmatch(r"[A-Za-z0-9_.+/:=-]*", str(value)):
+                raise ValueError(f"{key} = {value!r}: only letters, digits and . _ + / : = - are allowed")
+        return v
 
     @field_validator("arch")
     @classmethod

@@ -11,11 +11,12 @@ from pathlib import Path
 
 from gpufleet.command import Cmd, script
 from gpufleet.errors import ConfigError
+from gpufleet.facts.script import KERNEL_DIRS
 
 APPLIED, WILL_APPLY, UPSTREAMED, CONFLICTS, NO_EFFECT = "applied", "will apply", "upstreamed", "conflicts", "no effect"
 STATUSES = (APPLIED, WILL_APPLY, UPSTREAMED, CONFLICTS, NO_EFFECT)
 # Where sgl-kernel lives in the checkout; upstream moved it in mid-2026, so the kernel patches are relative to it.
-KERNEL_ROOTS = ("sgl-kernel", "python/sglang/kernels/aot")
+KERNEL_ROOTS = KERNEL_DIRS
 MAX_SCRIPT_BYTES = 100_000  # sshd passes the command as one argument; Linux caps one argument at 128 KiB
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 

@@ -5,12 +5,19 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpufleet import buildcache, detached
+import tomllib
+from importlib import resources
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from gpufleet import buildcache, cmake, detached, sources
 from gpufleet.buildcache import BuildInputs, LocalCache
 from gpufleet.command import Cmd, script
+from gpufleet.facts.script import KERNEL_DIRS
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged, Upload
 from roles import pip
 
@@ -19,6 +26,9 @@ FP4_OPS = ("cutlass_scaled_fp4_mm", "scaled_fp4_quant", "scaled_fp4_experts_quan
 GIB = 1024 ** 3
 GIB_PER_JOB = 4  # one nvcc job of sgl-kernel needs several GiB; too many jobs is the usual OOM
 BUILD_TIMEOUT = 6 * 3600.0
+KERNEL_NAMES = ("sgl-kernel", "sglang-kernel")
+# What a build must never let pip change in the venv: the stack's own pins (upstream's pyproject asks for torch).
+PROTECTED = ("torch", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", *KERNEL_NAMES)
 
 
 def build_jobs(cpus: int | None, mem_bytes: int | None, override: int | str = "auto") -> int:
@@ -47,7 +57,19 @@ def _package(facts, wanted: str) -> str | None:
     return None
 
 
-_PROBE = """cd {checkout} 2>/dev/null && echo "@@tree $(git rev-parse HEAD:sgl-kernel 2>/dev/null)"
+_PROBE = """co={checkout}
+g() {{ git -c safe.directory='*' -C "$co" "$@"; }}
+for d in {dirs}; do
+    name=$(g show "HEAD:$d/pyproject.toml" 2>/dev/null | sed -n 's/^name *= *"\\([^"]*\\)".*/\\1/p' | head -n 1)
+    case "$name" in sgl-kernel|sgl_kernel|sglang-kernel|sglang_kernel) ;; *) continue ;; esac
+    echo "@@dir $d"
+    echo "@@tree $(g rev-parse "HEAD:$d" 2>/dev/null)"
+    if [ -n "{full}" ]; then
+        echo "@@pyproject"; g show "HEAD:$d/pyproject.toml"; echo
+        echo "@@cmake"; g show "HEAD:$d/CMakeLists.txt" 2>/dev/null; echo
+    fi
+    break
+done
 echo "@@installed"; cat {installed} 2>/dev/null; echo; echo "@@record"; cat {builds}/{key}/record.json 2>/dev/null; echo
 echo "@@end"
 """
@@ -56,14 +78,33 @@ echo "@@end"
 def _sections(text: str) -> dict[str, str]:
     found, cur = {}, None
     for line in text.splitlines():
-        if line.startswith("@@tree "):
-            found["tree"] = line.split(" ", 1)[1].strip()
-        elif line in ("@@installed", "@@record", "@@end"):
+        if line.startswith(("@@tree ", "@@dir ")):
+            tag, _, value = line.partition(" ")
+            found[tag[2:]] = value.strip()
+            cur = None
+        elif line in ("@@installed", "@@record", "@@pyproject", "@@cmake", "@@end"):
             cur = line[2:]
             found.setdefault(cur, "")
         elif cur:
             found[cur] += line + "\n"
     return found
+
+
+@dataclass(frozen=True)
+class Source:
+    """The checkout's sgl-kernel as the build sees it: where it lives, its tree, pyproject and CMakeLists at HEAD."""
+
+    directory: str
+    tree: str
+    pyproject: dict
+    cmakelists: str
+
+    @property
+    def declared_name(self) -> str:
+        return str(self.pyproject.get("project", {}).get("name", ""))
+
+    def build_requires(self) -> list[str]:
+        return [str(r) for r in self.pyproject.get("build-system", {}).get("requires", [])]
 
 
 def inputs(ctx: PlanContext, tree: str) -> BuildInputs:
@@ -73,7 +114,8 @@ def inputs(ctx: PlanContext, tree: str) -> BuildInputs:
         raise PlanError(ctx.host.name, name, "torch is not installed in the venv (the torch role runs first)")
     return BuildInputs(torch=torch, cuda=_cuda(ctx), arch=cfg.arch, source_tree=tree,
                        patches=buildcache.patches_digest(_patch_dir(ctx)), fp4=cfg.enable_fp4,
-                       extra_cmake_args=tuple(cfg.extra_cmake_args), compile_threads=cfg.compile_threads)
+                       extra_cmake_args=tuple(cfg.extra_cmake_args), compile_threads=cfg.compile_threads,
+                       defines=tuple(sorted(cfg.cmake_defines.items())))
 
 
 def _patch_dir(ctx: PlanContext) -> Path:
@@ -81,32 +123,46 @@ def _patch_dir(ctx: PlanContext) -> Path:
     return p if p.is_absolute() else ctx.repo / p
 
 
-def _probe(ctx: PlanContext, key_hint: str = "") -> dict[str, str]:
+def _probe(ctx: PlanContext, key_hint: str = "", full: bool = False) -> dict[str, str]:
     if ctx.probe is None:
         raise PlanError(ctx.host.name, name, "needs a remote probe to read the checkout's sgl-kernel tree")
-    text = _PROBE.format(checkout=shlex.quote(ctx.host.sglang_checkout), installed=buildcache.installed_record(ctx.host.venv),
+    text = _PROBE.format(checkout=shlex.quote(ctx.host.sglang_checkout), dirs=" ".join(KERNEL_DIRS),
+                         full="1" if full else "", installed=buildcache.installed_record(ctx.host.venv),
                          builds=detached.BUILDS_DIR, key=key_hint or "none")
     return _sections(ctx.probe(script(text), "sgl-kernel build state").output)
+
+
+def read_source(ctx: PlanContext, found: dict[str, str]) -> Source:
+    """The kernel directory the probe found, with its pyproject parsed; a clear PlanError when there is none."""
+    directory, tree = found.get("dir", ""), found.get("tree", "")
+    if not directory or not tree:
+        raise PlanError(ctx.host.name, name, f"no sgl-kernel in {ctx.host.sglang_checkout} at HEAD (looked for a "
+                                             f"pyproject naming {' or '.join(KERNEL_NAMES)} in "
+                                             f"{', '.join(d + '/' for d in KERNEL_DIRS)})")
+    try:
+        pyproject = tomllib.loads(found.get("pyproject", ""))
+    except tomllib.TOMLDecodeError as exc:
+        raise PlanError(ctx.host.name, name, f"{directory}/pyproject.toml at HEAD is not TOML: {exc}") from None
+    return Source(directory, tree, pyproject, found.get("cmake", ""))
 
 
 def plan(ctx: PlanContext, cache: LocalCache | None = None) -> list:
     """Unchanged when the installed wheel has the current key; else install a wheel with that key, or build one."""
     cache = cache or LocalCache()
-    tree = _probe(ctx).get("tree", "")
-    if not tree:
-        raise PlanError(ctx.host.name, name, f"no sgl-kernel/ tree at HEAD of {ctx.host.sglang_checkout}")
-    built = inputs(ctx, tree)
+    source = read_source(ctx, _probe(ctx, full=True))
+    built = inputs(ctx, source.tree)
     key = built.key()
     state = _probe(ctx, key)
     installed = buildcache.Record.from_json(state.get("installed", "").strip() or "null")
     on_host = buildcache.Record.from_json(state.get("record", "").strip() or "null")
-    version = _package(ctx.facts, "sgl-kernel") or _package(ctx.facts, "sglang-kernel")
+    version = next((v for v in map(lambda n: _package(ctx.facts, n), KERNEL_NAMES) if v), None)
     if installed and installed.key == key and version and version == _wheel_version(installed.wheel):
         return [Unchanged(name, f"sgl-kernel {version} installed from build {key[:12]} (targets "
                                 f"{','.join(installed.archs) or '?'})")]
     why = (f"venv has sgl-kernel {version or 'none'}"
            + (f" from build {installed.key[:12]}" if installed else " not built by gpufleet")
-           + f"; torch {built.torch}, CUDA {built.cuda}, arch {built.arch}, tree {tree[:10]} want build {key[:12]}")
+           + f"; torch {built.torch}, CUDA {built.cuda}, {source.directory}/ tree {source.tree[:10]} want build "
+             f"{key[:12]}")
     if on_host and on_host.key == key:
         return [_install_step(ctx, key, on_host.wheel, on_host.origin, f"{why}; a wheel with that key is on the host")]
     cached = cache.wheel(key)
@@ -117,7 +173,7 @@ def plan(ctx: PlanContext, cache: LocalCache | None = None) -> list:
         step = _install_step(ctx, key, remote, origin, f"{why}; the control node caches a wheel with that key")
         digest = hashlib.sha256(cached.read_bytes()).hexdigest()
         return [replace(step, uploads=(Upload(cached.resolve().as_uri(), digest, remote),))]
-    return [_build_step(ctx, built, key, why)]
+    return [_build_step(ctx, source, built, key, why)]
 
 
 def _wheel_version(wheel: str) -> str:
@@ -129,44 +185,60 @@ def _py(ctx: PlanContext) -> str:
     return f"{ctx.host.venv}/bin/python"
 
 
+def remote_source(file: str) -> str:
+    """The text of a script under gpufleet/remote/ (sent to hosts as an argument, never installed there)."""
+    return resources.files("gpufleet.remote").joinpath(file).read_text()
+
+
 def _verify(ctx: PlanContext, key: str) -> Cmd:
-    code = ("import json, sys, torch, sgl_kernel\n"
-            f"ops = {FP4_OPS!r}\n"
-            "ns = getattr(torch.ops, 'sgl_kernel', None)\n"
-            "def has(o):\n"
-            "    try:\n        return hasattr(sgl_kernel, o) or (ns is not None and hasattr(ns, o))\n"
-            "    except Exception:\n        return False\n"
-            "missing = [o for o in ops if not has(o)]\n"
-            "fp4 = " + repr(ctx.stack.sgl_kernel.enable_fp4) + "\n"
-            "if fp4 and missing: sys.exit('sgl_kernel lacks FP4 ops: ' + ', '.join(missing))\n"
+    """The installed record is this build's, and (with FP4 on) it found the FP4 ops where this commit exports them."""
+    code = ("import json, sys\n"
             f"rec = json.load(open({buildcache.installed_record(ctx.host.venv)!r}))\n"
             f"if rec['key'] != {key!r}: sys.exit('installed record is for another build')\n"
-            "print('sgl_kernel', sgl_kernel.__version__, 'torch', torch.__version__, 'ok')\n")
-    return Cmd.of(_py(ctx), "-c", code)
+            f"if {ctx.stack.sgl_kernel.enable_fp4!r} and not rec.get('fp4'):\n"
+            "    sys.exit('the installed sgl-kernel has no FP4 ops')\n"
+            "where = sorted(set(rec.get('fp4_ops', {}).values())) or ['-']\n"
+            "print('sgl-kernel build', rec['key'][:12], 'targets', ','.join(rec.get('archs') or ['?']),"
+            " 'fp4 ops in', '+'.join(where))\n")
+    return Cmd.of("python3", "-c", code, cwd="/")
 
 
-def _record_script(ctx: PlanContext, key: str, wheel_expr: str, origin: str, inputs_json: str) -> Cmd:
-    """Install the wheel, read what it really targets from sgl_kernel.build_info, write record.json files."""
-    d = buildcache.host_dir(key)
-    code = ("import json, sys, time, os\n"
-            "wheel, origin, inputs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])\n"
-            "import sgl_kernel\n"
-            "info = sgl_kernel.build_info\n"
-            f"d = {d!r}\n"
-            "started = os.path.join(d, 'started')\n"
-            "secs = time.time() - float(open(started).read()) if os.path.exists(started) else 0.0\n"
-            f"rec = dict(key={key!r}, inputs=inputs, wheel=wheel, archs=list(info.get('archs', [])),\n"
-            "           fp4=bool(info.get('fp4')), seconds=round(secs, 1), origin=origin)\n"
-            "for p in (os.path.join(d, 'record.json'), " + repr(buildcache.installed_record(ctx.host.venv)) + "):\n"
-            "    open(p + '.tmp', 'w').write(json.dumps(rec, indent=2, sort_keys=True)); os.replace(p + '.tmp', p)\n"
-            "print('recorded', rec['archs'], 'fp4', rec['fp4'])\n")
+def _record_cmd(ctx: PlanContext, key: str, wheel_expr: str, origin: str, inputs_json: str) -> Cmd:
+    """Install the wheel (never its dependencies), then record what it really is, read from the installed files."""
+    paths = json.dumps([buildcache.record_path(key), buildcache.installed_record(ctx.host.venv)])
     text = (f"set -e\nwheel={wheel_expr}\n"
             f"[ -f \"$wheel\" ] || {{ echo \"no sgl-kernel wheel at $wheel\"; exit 1; }}\n"
-            f"{shlex.quote(_py(ctx))} -m pip install --disable-pip-version-check --force-reinstall --no-deps "
+            f"cd /\n{shlex.quote(_py(ctx))} -m pip install --disable-pip-version-check --force-reinstall --no-deps "
             f"\"$wheel\"\n"
-            f"{shlex.quote(_py(ctx))} -c {shlex.quote(code)} \"$wheel\" {shlex.quote(origin)} "
-            f"{shlex.quote(inputs_json)}\n")
-    return script(text)
+            f"{shlex.quote(_py(ctx))} -c \"$1\" \"$wheel\" \"${{@:2}}\"\n")
+    return Cmd.of("bash", "-c", text, "record", remote_source("kernel_record.py"), origin, inputs_json, key, paths,
+                  json.dumps(list(FP4_OPS)), "1" if ctx.stack.sgl_kernel.enable_fp4 else "0",
+                  remote_source("kernel_archs.py"), cwd="/")
+
+
+# exit 0 when every requirement is installed (pip's own vendored packaging reads them), else 1: then pip installs
+_TOOLS_PRESENT = r'''
+import sys
+import importlib.metadata as md
+from pip._vendor.packaging.requirements import Requirement
+for text in sys.argv[1:]:
+    req = Requirement(text)
+    try:
+        have = md.version(req.name)
+    except md.PackageNotFoundError:
+        sys.exit(1)
+    if not req.specifier.contains(have, prereleases=True):
+        sys.exit(1)
+'''
+
+
+def _tools_cmd(ctx: PlanContext, tools: list[str]) -> Cmd:
+    """Install the build tools unless the venv has every one already (a rebuild asks no index)."""
+    install = pip.install_cmd(ctx, tools, index_url=ctx.stack.pip.index_url,
+                              extra_index_urls=[*ctx.stack.pip.extra_index_urls, ctx.stack.torch.index_url])
+    check = Cmd.of(_py(ctx), "-c", _TOOLS_PRESENT, *tools)
+    # braces: install renders as `cd / && ...`, and `a || cd / && b` would run b whatever a says (seen on a real H200)
+    return script(f"cd / && {check.render()} 2>/dev/null || {{ {install.render()}; }}")
 
 
 def _needed(ctx: PlanContext, key: str) -> Cmd:
@@ -179,56 +251,119 @@ def _needed(ctx: PlanContext, key: str) -> Cmd:
 def _install_step(ctx: PlanContext, key: str, wheel: str, origin: str, why: str) -> Step:
     inputs_json = json.dumps({"key": key})
     return Step(role=name, title=f"install sgl-kernel wheel {Path(wheel).name} (build {key[:12]})", reason=why,
-                commands=(_record_script(ctx, key, shlex.quote(wheel), origin, inputs_json),),
+                commands=(_record_cmd(ctx, key, shlex.quote(wheel), origin, inputs_json),),
                 needed=_needed(ctx, key), verify=(_verify(ctx, key),), timeout=1800, changes=("venv",))
 
 
-def _patch_cmds(ctx: PlanContext) -> list[Cmd]:
+def _patch_cmds(ctx: PlanContext, source: Source) -> list[Cmd]:
     pdir = _patch_dir(ctx)
     cmds = []
     for pname in buildcache.series_names(pdir):
         text = (pdir / pname).read_text()
-        sub = [] if "\n+++ b/sgl-kernel/" in text or text.startswith("+++ b/sgl-kernel/") else [
-            "--directory=sgl-kernel"]
-        args = " ".join(sub)
         # Idempotent: a patch that reverse-applies is already in the tree.
-        body = (f'if printf "%s" "$1" | git apply --reverse --check {args} - 2>/dev/null; then '
-                f'echo "already applied: $2"; else printf "%s" "$1" | git apply {args} - && echo "applied: $2"; fi')
-        cmds.append(Cmd.of("bash", "-c", body, "patch", text, pname, cwd=ctx.host.sglang_checkout))
+        body = (f'if printf "%s" "$1" | git apply --reverse --check --directory="$3" - 2>/dev/null; then '
+                f'echo "already applied: $2"; else printf "%s" "$1" | git apply --directory="$3" - && '
+                f'echo "applied: $2"; fi')
+        cmds.append(Cmd.of("bash", "-c", body, "patch", text, pname, source.directory,
+                           cwd=ctx.host.sglang_checkout))
     return cmds
 
 
-def _build_step(ctx: PlanContext, built: BuildInputs, key: str, why: str) -> Step:
+def build_tools(ctx: PlanContext, source: Source) -> list[str]:
+    """What the build environment needs: the stack's tools (a CMake new enough for upstream's policies), what the
+    pyproject's build-system asks for, and the stack's own packages pinned to what is installed, so that resolving
+    a build requirement (upstream asks for torch) can never replace them."""
+    wanted: dict[str, str] = {}
+    for text in [*ctx.stack.sgl_kernel.build_tools, *source.build_requires(), "wheel"]:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement as exc:
+            raise PlanError(ctx.host.name, name, f"{source.directory}/pyproject.toml build requirement {text!r}: "
+                                                 f"{exc}") from None
+        key = canonicalize_name(req.name)
+        if key in PROTECTED:
+            continue
+        wanted.setdefault(key, str(req))
+    for dist in PROTECTED:
+        have = _package(ctx.facts, dist)
+        if have:
+            wanted[dist] = f"{dist}=={have}"
+    return list(wanted.values())
+
+
+def dependencies(ctx: PlanContext, source: Source) -> list[sources.Dependency]:
+    where = f"{ctx.host.sglang_checkout}/{source.directory}/CMakeLists.txt"
+    try:
+        return sources.parse_declarations(source.cmakelists, where)
+    except sources.SourceError as exc:
+        raise PlanError(ctx.host.name, name, str(exc)) from None
+
+
+def defines(ctx: PlanContext, deps: list[sources.Dependency]) -> dict[str, str]:
+    """Every -D the build gets: the stack's options (narrowing the gencode list), FP4, and the handed-over sources."""
+    cfg = ctx.stack.sgl_kernel
+    found = {"SGL_KERNEL_COMPILE_THREADS": str(cfg.compile_threads), **cfg.cmake_defines}
+    if cfg.enable_fp4:
+        found["SGL_KERNEL_ENABLE_FP4"] = "1"
+    return {**found, **sources.cmake_defines(deps)}
+
+
+def targets(ctx: PlanContext, source: Source, given: dict[str, str], cuda: str) -> str:
+    """The architectures each library will be compiled for, read off the CMakeLists under these options."""
+    try:
+        ev = cmake.evaluate(source.cmakelists, given, cuda_version=cuda)
+    except cmake.CMakeError as exc:
+        return f"targets unknown ({exc})"
+    libs = {t: a for t, a in ev.targets.items() if a}
+    if not libs:
+        return "targets unknown (no gencode list found)"
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for target, archs in libs.items():
+        groups.setdefault(tuple(archs), []).append(target)
+    text = "; ".join(f"{', '.join(ts)}: {','.join(a)}" for a, ts in groups.items())
+    ignored = [f"{k}={v} (the CMakeLists sets {ev.forced[k]})" for k, v in given.items()
+               if k in ev.forced and cmake.truthy(v) != cmake.truthy(ev.forced[k])]
+    return text + (f"; overridden by the CMakeLists: {', '.join(ignored)}" if ignored else "")
+
+
+def _build_step(ctx: PlanContext, source: Source, built: BuildInputs, key: str, why: str) -> Step:
     cfg = ctx.stack.sgl_kernel
     jobs = build_jobs(ctx.facts.cpu_count, ctx.facts.mem_total_bytes, cfg.max_jobs)
     job = detached.Job.for_key(key)
-    cmake_args = " ".join([f"-DSGL_KERNEL_COMPILE_THREADS={cfg.compile_threads}", *cfg.extra_cmake_args])
+    deps = dependencies(ctx, source)
+    given = defines(ctx, deps)
     # CUDACXX: CMake's project(... CUDA) looks for nvcc on PATH and in $CUDA_PATH only, never in CUDA_HOME, and an SSH
     # login PATH often lacks {cuda_home}/bin (seen on a real H200: "No CMAKE_CUDA_COMPILER could be found").
+    # CPLUS_INCLUDE_PATH: CUDA 13 moved cuda/cub/thrust under include/cccl (upstream's Dockerfile sets the same).
+    # TORCH_CUDA_ARCH_LIST narrows nothing in upstream's CMakeLists (it clears torch's arch flags and writes its own
+    # gencode list); it is kept for code that asks torch which arch to build for.
     env = {"TORCH_CUDA_ARCH_LIST": cfg.arch, "CUDA_HOME": cfg.cuda_home, "CUDACXX": f"{cfg.cuda_home}/bin/nvcc",
            "CPLUS_INCLUDE_PATH": cfg.cccl_include, "MAX_JOBS": str(jobs), "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs),
-           "CMAKE_ARGS": cmake_args}
-    settings = [f"--config-settings=build-dir={job.dir}/cmake-build"]
-    if cfg.enable_fp4:
-        settings.append("--config-settings=cmake.define.SGL_KERNEL_ENABLE_FP4=1")
+           "CMAKE_ARGS": " ".join(cfg.extra_cmake_args), "PATH": f"{ctx.host.venv}/bin:/usr/local/sbin:"
+           "/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    settings = [f"--config-settings=build-dir={job.dir}/cmake-build",
+                *(f"--config-settings=cmake.define.{k}={v}" for k, v in given.items())]
     # --verbose: CMake's and the compiler's lines reach build.log, so following a long build shows its progress.
     wheel_cmd = Cmd.of(_py(ctx), "-m", "pip", "wheel", ".", "--no-build-isolation", "--no-deps",
                        "--disable-pip-version-check", "--verbose", "-w", f"{job.dir}/dist", *settings, env=env,
-                       cwd=f"{ctx.host.sglang_checkout}/sgl-kernel")
+                       cwd=f"{ctx.host.sglang_checkout}/{source.directory}")
     inner = Cmd.of("bash", "-c", f"date +%s > {shlex.quote(job.dir)}/started && rm -rf "
                                  f"{shlex.quote(job.dir)}/dist && {wheel_cmd.render()}")
     # Build tools come from the stack's own indexes only (never a default index the box may not reach).
-    install = pip.install_cmd(ctx, ["scikit-build-core>=0.10", "wheel"], index_url=ctx.stack.pip.index_url,
-                              extra_index_urls=[ctx.stack.torch.index_url])
-    # braces: install renders as `cd / && ...`, and `a || cd / && b` would run b whatever a says (seen on a real H200)
-    deps = script(f"{shlex.quote(_py(ctx))} -c 'import scikit_build_core' 2>/dev/null || {{ {install.render()}; }}")
+    tools = _tools_cmd(ctx, build_tools(ctx, source))
+    uploads = tuple(Upload(d.fetch_url(cfg.source_mirrors), None, d.archive, d.name, d.tag) for d in deps)
+    unpack = (script(sources.unpack_script(deps)),) if deps else ()
     inputs_json = json.dumps({**built.__dict__, "extra_cmake_args": list(built.extra_cmake_args),
-                              "host": ctx.host.name, "key": key, "jobs": jobs})
+                              "defines": dict(built.defines), "host": ctx.host.name, "key": key, "jobs": jobs,
+                              "directory": source.directory})
     wheel_expr = f"$(ls {shlex.quote(job.dir)}/dist/*.whl | head -n1)"
-    return Step(role=name, title=f"build sgl-kernel {ctx.facts.checkout.kernel_version if ctx.facts.checkout else ''}"
+    handed = f"; {len(deps)} FetchContent source(s) handed over by the control node" if deps else ""
+    return Step(role=name, title=f"build {source.declared_name or 'sgl-kernel'} "
+                                 f"{ctx.facts.checkout.kernel_version if ctx.facts.checkout else ''}"
                                  f" for {cfg.arch} (build {key[:12]}, {jobs} jobs)".replace("  ", " "),
-                reason=why + "; no wheel with that key on the host or in the cache",
-                commands=(*_patch_cmds(ctx), deps, detached.wait_cmd(job, inner),
-                          _record_script(ctx, key, wheel_expr, "built-here", inputs_json)),
+                reason=(why + "; no wheel with that key on the host or in the cache; "
+                        + targets(ctx, source, given, built.cuda) + handed),
+                commands=(*_patch_cmds(ctx, source), tools, *unpack, detached.wait_cmd(job, inner),
+                          _record_cmd(ctx, key, wheel_expr, "built-here", inputs_json)),
                 needed=_needed(ctx, key), verify=(_verify(ctx, key),), timeout=BUILD_TIMEOUT,
-                changes=("checkout", "venv", "cache"), resumable=True, artifacts=(key,))
+                changes=("checkout", "venv", "cache"), resumable=True, artifacts=(key,), uploads=uploads)

@@ -29,7 +29,9 @@ class CheckoutFacts(BaseModel):
     untracked: list[str] = []
     stashes: list[str] = []
     remote_url: str | None = None
-    kernel_version: str | None = None  # version in sgl-kernel/pyproject.toml of this checkout
+    kernel_dir: str | None = None  # where the checkout keeps sgl-kernel: sgl-kernel/ or python/sglang/kernels/aot/
+    kernel_name: str | None = None  # the pip name its pyproject declares: sgl-kernel, or sglang-kernel (mid-2026 on)
+    kernel_version: str | None = None  # the version its pyproject declares: what a build of this checkout installs
 
 
 def parse_checkout(text: str, host: str | None) -> CheckoutFacts:
@@ -50,6 +52,7 @@ def parse_checkout(text: str, host: str | None) -> CheckoutFacts:
                          ahead=ahead, behind=behind, modified=modified, untracked=untracked,
                          stashes=[line for line in stash if line.strip()],
                          remote_url=redact_url(values.get("remote_url") or "") or None,
+                         kernel_dir=values.get("kernel_dir") or None, kernel_name=values.get("kernel_name") or None,
                          kernel_version=values.get("kernel_version") or None)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import shlex
 
 SECTIONS = ("gpu-query", "gpu-header", "os", "cpu", "mem", "disk", "nvcc", "python", "packages", "checkout", "unit")
+# Where sgl-kernel lives in an sglang checkout, newest layout last: upstream moved it in mid-2026.
+KERNEL_DIRS = ("sgl-kernel", "python/sglang/kernels/aot")
 GPU_QUERY_FIELDS = ("index", "name", "uuid", "pci.bus_id", "compute_cap", "driver_version", "memory.total")
 
 _LIBRARY = r"""#!/bin/bash
@@ -107,6 +109,22 @@ gf_git() {
     gf_run git -c safe.directory='*' -c core.quotepath=false -C "$dir" "$@"
 }
 
+# Where the checkout keeps sgl-kernel: the first candidate whose pyproject names sgl-kernel (upstream until mid-2026)
+# or sglang-kernel (python/sglang/kernels/aot since then), with the version it declares (what a build installs).
+gf_kernel_dir() {
+    local d name
+    for d in @KERNEL_DIRS@; do
+        name=$(sed -n 's/^name *= *"\([^"]*\)".*/\1/p' "$1/$d/pyproject.toml" 2>/dev/null | head -n 1)
+        case "$name" in
+            sgl-kernel|sgl_kernel|sglang-kernel|sglang_kernel)
+                echo "kernel_dir=$d"
+                echo "kernel_name=$name"
+                echo "kernel_version=$(sed -n 's/^version *= *"\([^"]*\)".*/\1/p' "$1/$d/pyproject.toml" | head -n 1)"
+                return 0 ;;
+        esac
+    done
+}
+
 gf_checkout() {
     local dir=$1 top real
     echo "path=$dir"
@@ -122,8 +140,7 @@ gf_checkout() {
     echo "upstream=$(gf_git "$dir" rev-parse --abbrev-ref --symbolic-full-name '@{u}' 2>/dev/null)"
     echo "ahead_behind=$(gf_git "$dir" rev-list --left-right --count 'HEAD...@{u}' 2>/dev/null)"
     echo "remote_url=$(gf_git "$dir" remote get-url origin 2>/dev/null)"
-    # The version sgl-kernel's source declares: what a from-source build of this checkout installs.
-    echo "kernel_version=$(sed -n 's/^version *= *"\([^"]*\)".*/\1/p' "$dir/sgl-kernel/pyproject.toml" 2>/dev/null | head -n 1)"
+    gf_kernel_dir "$dir"
     echo "@@status"
     gf_git "$dir" status --porcelain=v1 || return
     echo "@@stash"
@@ -172,4 +189,6 @@ def facts_script(venv: str, checkout: str, service: str, paths: list[str]) -> st
         f"gf_section unit gf_unit {q(unit_name(service))}",
         "exit 0",
     ]
-    return _LIBRARY.replace("@GPU_FIELDS@", ",".join(GPU_QUERY_FIELDS)) + "\n".join(calls) + "\n"
+    library = _LIBRARY.replace("@GPU_FIELDS@", ",".join(GPU_QUERY_FIELDS))
+    library = library.replace("@KERNEL_DIRS@", " ".join(KERNEL_DIRS))
+    return library + "\n".join(calls) + "\n"

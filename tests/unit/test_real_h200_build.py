@@ -96,8 +96,16 @@ def replan(tag: str, tmp_path: Path) -> tuple[Step, PlanContext]:
     inv = load_inventory(FIX / f"inventory-{tag}.toml")
     host = inv.hosts["h200"]
     stack = host_stacks(load_stack(REPO / "stack.toml"), inv, [host])["h200"]
+    # The real run had no -D options of the stack's (they came later): its build keys were made without them.
+    stack = stack.model_copy(update={"sgl_kernel": stack.sgl_kernel.model_copy(update={"cmake_defines": {}})})
     facts = parse_facts("h200", step_rows(tag, "facts")[0]["output"])
-    probe = _Probe([r["output"] for r in step_rows(tag, "sgl-kernel build state")][:2])
+    answers = [r["output"] for r in step_rows(tag, "sgl-kernel build state")][:2]
+    # The probe of that run read the tree and the records only; today's also names the kernel directory and reads its
+    # pyproject and CMakeLists at HEAD. Those are the stand-in kernel's files the real run built (scripts/).
+    kernel = REPO / "scripts/real-gpu-kernel"
+    answers[0] = (f"@@dir sgl-kernel\n{answers[0].splitlines()[0]}\n@@pyproject\n{(kernel / 'pyproject.toml').read_text()}"
+                  f"\n@@cmake\n{(kernel / 'CMakeLists.txt').read_text()}\n" + "\n".join(answers[0].splitlines()[1:]))
+    probe = _Probe(answers)
     ctx = PlanContext(host=host, stack=stack, facts=facts, probe=probe, repo=REPO)
     items = sk.plan(ctx, cache=LocalCache(tmp_path / "cache"))
     assert len(items) == 1 and isinstance(items[0], Step)
@@ -411,14 +419,14 @@ def followed_log_of(name: str) -> tuple[str, list[tuple[int | None, str, int]]]:
 
 def _deps_script(tmp_path: Path) -> str:
     step, _ = replan("as-is", tmp_path)
-    deps = next(c for c in step.commands if "import scikit_build_core" in c.render())
+    deps = next(c for c in step.commands if "pip._vendor.packaging" in c.render())
     return deps.argv[2]
 
 
 @pytest.mark.parametrize("import_rc, installs", [(0, False), (1, True)])
 def test_build_tools_are_installed_only_when_scikit_build_core_is_missing(import_rc, installs, tmp_path):
     """On the H200 at 19:05 the check ran pip although `import scikit_build_core` worked: `a || cd / && pip ...` runs
-    pip whatever a says. The role's command now groups the install."""
+    pip whatever a says. The role's command now groups the install (its check now covers every build tool)."""
     ran = [json.loads(line) for line in read(f"{AFTER}/results-as-is.jsonl").splitlines()]
     real = next(r for r in ran if "import scikit_build_core" in r.get("command", ""))
     assert "|| cd / && env" in real["command"]

@@ -18,6 +18,19 @@ from roles import sgl_kernel  # noqa: E402
 
 GIB = 1024 ** 3
 TREE = "c0ffee" + "0" * 34
+# The pyproject of upstream's sgl-kernel in early 2026 (build-system and name as real), and a CMakeLists of its shape.
+PYPROJECT = """[build-system]
+requires = [
+  "scikit-build-core>=0.10",
+  "torch>=2.8.0",
+  "wheel",
+]
+build-backend = "scikit_build_core.build"
+
+[project]
+name = "sgl-kernel"
+version = "0.3.21"
+"""
 
 
 @pytest.mark.parametrize("cpus, mem_gib, override, jobs", [
@@ -39,12 +52,17 @@ class _Res:
         self.output, self.exit_code = output, 0
 
 
-def _ctx(tmp_path, *, installed=None, on_host=None, packages=None, stack=None):
+def _ctx(tmp_path, *, installed=None, on_host=None, packages=None, stack=None, directory="sgl-kernel",
+         pyproject=PYPROJECT, cmakelists=None):
+    from tests.unit.test_cmake import UPSTREAM_SHAPE
+
     seen = []
 
     def probe(cmd, step):
         seen.append(cmd.render())
-        text = f"@@tree {TREE}\n@@installed\n{installed.to_json() if installed else ''}\n@@record\n"
+        text = (f"@@dir {directory}\n@@tree {TREE}\n@@pyproject\n{pyproject}\n@@cmake\n"
+                f"{UPSTREAM_SHAPE if cmakelists is None else cmakelists}\n"
+                f"@@installed\n{installed.to_json() if installed else ''}\n@@record\n")
         if on_host and on_host.key in cmd.render():
             text += on_host.to_json()
         return _Res(text + "\n@@end\n")
@@ -70,14 +88,34 @@ def test_build_when_nothing_matches(tmp_path):
     [step] = sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
     assert isinstance(step, Step) and step.title.startswith("build sgl-kernel")
     text = "\n".join(c.render() for c in step.commands)
-    assert "git apply" in text and "--directory=sgl-kernel" in text
+    assert "git apply" in text and "--directory=\"$3\"" in text and " sgl-kernel" in step.commands[0].render()
     assert "TORCH_CUDA_ARCH_LIST=12.0a" in text and "CUDA_HOME=/usr/local/cuda" in text
     assert "CPLUS_INCLUDE_PATH=/usr/local/cuda/include/cccl" in text
     assert "MAX_JOBS=10" in text and "CMAKE_BUILD_PARALLEL_LEVEL=10" in text
-    assert "-DSGL_KERNEL_COMPILE_THREADS=1" in text and "cmake.define.SGL_KERNEL_ENABLE_FP4=1" in text
+    assert "cmake.define.SGL_KERNEL_COMPILE_THREADS=1" in text and "cmake.define.SGL_KERNEL_ENABLE_FP4=1" in text
+    # narrowed by the options upstream's CMakeLists reads; the plan says what each library will target
+    assert "cmake.define.ENABLE_BELOW_SM90=OFF" in text and "cmake.define.SGL_KERNEL_ENABLE_FA3=OFF" in text
+    assert "common_ops_sm90_build, common_ops_sm100_build: sm_90,sm_90a,sm_100a,sm_103a,sm_120a" in step.reason
+    assert "flash_ops: sm_90a" in step.reason
+    assert "overridden by the CMakeLists: SGL_KERNEL_ENABLE_FA3=OFF (the CMakeLists sets ON)" in step.reason
+    # FetchContent: the control node hands every declared source over; CMake is told never to download
+    assert [(u.url, u.remote) for u in step.uploads] == [
+        ("git+https://github.com/NVIDIA/cutlass@57e3cfb47a2d9e0d46eb6335c3dc411498efa198",
+         "/var/cache/gpufleet/sources/repo-cutlass-57e3cfb47a2d.tar"),
+        ("git+https://github.com/triton-lang/triton@8f9f695ea8fde23a0c7c88e4ab256634ca27789f",
+         "/var/cache/gpufleet/sources/repo-triton-8f9f695ea8fd.tar")]
+    assert "cmake.define.FETCHCONTENT_FULLY_DISCONNECTED=ON" in text
+    assert ("cmake.define.FETCHCONTENT_SOURCE_DIR_REPO-CUTLASS=/var/cache/gpufleet/sources/repo-cutlass-57e3cfb47a2d"
+            in text)
+    assert "2 FetchContent source(s) handed over" in step.reason
+    # build tools: a CMake that knows CMP0177, the pyproject's requirements, torch held at the installed version
+    tools = next(c for c in step.commands if "pip install" in c.render() and "cmake" in c.render()).render()
+    assert "'cmake>=3.31'" in tools and "'scikit-build-core>=0.10'" in tools and "torch==2.12.0.dev20260307+cu130" in tools
+    assert "torch>=2.8.0" not in tools
     assert "systemd-run" in text and f"gpufleet-build-{_key(ctx)[:12]}" in text
     assert "--no-build-isolation" in text and "--force-reinstall --no-deps" in text
-    assert "cutlass_scaled_fp4_mm" in step.verify[0].render()
+    record = step.commands[-1].render()
+    assert "cutlass_scaled_fp4_mm" in record and "sglang.jit_kernel.nvfp4" in record and ".nv_fatbin" in record
 
 
 def test_unchanged_when_installed_record_has_the_key(tmp_path):
@@ -154,3 +192,32 @@ def test_needed_reads_the_installed_record(tmp_path, monkeypatch):
     assert run() == 1
     record.write_text(json.dumps({"key": "other"}))
     assert run() == 0
+
+
+def test_mid_2026_layout_builds_in_python_sglang_kernels_aot(tmp_path):
+    ctx, _ = _ctx(tmp_path, directory="python/sglang/kernels/aot",
+                  pyproject=PYPROJECT.replace('"sgl-kernel"', '"sglang-kernel"').replace("0.3.21", "0.4.1"))
+    [step] = sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
+    assert step.title.startswith("build sglang-kernel")
+    assert "python/sglang/kernels/aot/ tree" in step.reason
+    assert step.commands[0].argv[-1] == "python/sglang/kernels/aot"  # the patches' --directory
+    wheel = next(c for c in step.commands if "pip wheel" in c.render()).render()
+    assert "cd /root/sglang-main/python/sglang/kernels/aot" in wheel
+
+
+def test_no_kernel_directory_is_a_plan_error(tmp_path):
+    ctx, _ = _ctx(tmp_path, directory="")
+    with pytest.raises(PlanError, match="no sgl-kernel in /root/sglang-main at HEAD"):
+        sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
+
+
+def test_a_url_fetchcontent_is_refused_before_the_build(tmp_path):
+    ctx, _ = _ctx(tmp_path, cmakelists="FetchContent_Declare(x URL https://example.invalid/x.tgz)\n")
+    with pytest.raises(PlanError, match="URL download"):
+        sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
+
+
+def test_bad_build_requirement_names_the_pyproject(tmp_path):
+    ctx, _ = _ctx(tmp_path, pyproject=PYPROJECT.replace('"wheel",', '"whe el >",'))
+    with pytest.raises(PlanError, match="pyproject.toml build requirement"):
+        sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
