@@ -111,6 +111,7 @@ class Evaluation:
     lists: dict[str, list[str]] = field(default_factory=dict)  # flag lists with the gencodes they gather
     targets: dict[str, list[str]] = field(default_factory=dict)  # library target -> sm_XX it will compile
     unknown: list[str] = field(default_factory=list)  # conditions that could not be decided
+    variables_read: set[str] = field(default_factory=set)  # every name a condition or ${} expansion mentions
 
     def archs(self) -> list[str]:
         return sorted({a for arch in self.targets.values() for a in arch}, key=_arch_key)
@@ -217,8 +218,10 @@ def evaluate(text: str, defines: dict[str, str], *, cuda_version: str, processor
     """Walk the CMakeLists' if/elseif/else blocks under the given -D values, CUDA version and processor, gathering
     option() defaults, set()s of options, gencodes appended to flag lists, and which list each library target uses."""
     cmds = commands(text)
+    mentioned = {m for c in cmds for a in c.args for m in re.findall(r"\$\{(\w+)\}", a)}
+    mentioned |= {a for c in cmds if c.name in ("if", "elseif") for a in c.args}
     variables = {"CUDA_VERSION": cuda_version, "CMAKE_SYSTEM_PROCESSOR": processor, **defines}
-    ev = Evaluation(variables)
+    ev = Evaluation(variables, variables_read=mentioned)
     stack: list[list[bool]] = []  # per open if: [this branch active, some branch taken]
     libraries: list[str] = []
 

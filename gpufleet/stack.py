@@ -189,7 +189,8 @@ class SglKernelStack(Section):
     patches: LocalPath = Field(Path("patches/sgl-kernel"), validate_default=True)
     extra_cmake_args: list[str] = []
     # -D options upstream's CMakeLists reads; they narrow its hard-coded gencode list (TORCH_CUDA_ARCH_LIST does not)
-    cmake_defines: dict[str, str] = {"ENABLE_BELOW_SM90": "OFF", "SGL_KERNEL_ENABLE_FA3": "OFF"}
+    # (SGL_KERNEL_FORCE_FA3 exists with the site patch patches/sgl-kernel/0001; upstream forces FA3 on otherwise)
+    cmake_defines: dict[str, str] = {"ENABLE_BELOW_SM90": "OFF", "SGL_KERNEL_FORCE_FA3": "OFF"}
     # installed into the venv before the build, from the stack's indexes, with the pyproject's build requirements
     build_tools: list[str] = ["cmake>=3.31", "scikit-build-core>=0.10"]
     # FetchContent repositories are fetched by the control node; a prefix here is replaced (a site's GitHub mirror)

@@ -308,10 +308,29 @@ def defines(ctx: PlanContext, deps: list[sources.Dependency]) -> dict[str, str]:
     return {**found, **sources.cmake_defines(deps)}
 
 
+def patched_cmakelists(ctx: PlanContext, source: Source) -> str:
+    """The CMakeLists as the build will see it: HEAD's with the site's kernel patches applied (by git, here)."""
+    import subprocess
+    import tempfile
+
+    pdir = _patch_dir(ctx)
+    with tempfile.TemporaryDirectory(prefix="gpufleet-cmake-") as tmp:
+        target = Path(tmp) / "CMakeLists.txt"
+        target.write_text(source.cmakelists)
+        for pname in buildcache.series_names(pdir):
+            proc = subprocess.run(["git", "apply", "--include=CMakeLists.txt", str(pdir / pname)], cwd=tmp,
+                                  capture_output=True, text=True, env={"GIT_CEILING_DIRECTORIES": tmp, "PATH":
+                                                                       "/usr/bin:/bin:/usr/local/bin"})
+            if proc.returncode != 0:
+                raise PlanError(ctx.host.name, name, f"patch {pname} does not apply to {source.directory}/CMakeLists"
+                                                     f".txt at HEAD: {proc.stderr.strip()[:300]} (see `inv patches`)")
+        return target.read_text()
+
+
 def targets(ctx: PlanContext, source: Source, given: dict[str, str], cuda: str) -> str:
-    """The architectures each library will be compiled for, read off the CMakeLists under these options."""
+    """The architectures each library will be compiled for, read off the patched CMakeLists under these options."""
     try:
-        ev = cmake.evaluate(source.cmakelists, given, cuda_version=cuda)
+        ev = cmake.evaluate(patched_cmakelists(ctx, source), given, cuda_version=cuda)
     except cmake.CMakeError as exc:
         return f"targets unknown ({exc})"
     libs = {t: a for t, a in ev.targets.items() if a}
@@ -323,7 +342,9 @@ def targets(ctx: PlanContext, source: Source, given: dict[str, str], cuda: str) 
     text = "; ".join(f"{', '.join(ts)}: {','.join(a)}" for a, ts in groups.items())
     ignored = [f"{k}={v} (the CMakeLists sets {ev.forced[k]})" for k, v in given.items()
                if k in ev.forced and cmake.truthy(v) != cmake.truthy(ev.forced[k])]
-    return text + (f"; overridden by the CMakeLists: {', '.join(ignored)}" if ignored else "")
+    unread = [k for k in ctx.stack.sgl_kernel.cmake_defines if k not in ev.options and k not in ev.variables_read]
+    return (text + (f"; overridden by the CMakeLists: {', '.join(ignored)}" if ignored else "")
+            + (f"; not read by the CMakeLists: {', '.join(unread)}" if unread else ""))
 
 
 def _build_step(ctx: PlanContext, source: Source, built: BuildInputs, key: str, why: str) -> Step:

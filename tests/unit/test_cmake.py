@@ -114,7 +114,7 @@ def test_upstream_defaults_on_cuda_13_build_every_arch_and_fa3():
     every = ["sm_80", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_103a", "sm_120a"]
     assert ev.targets["common_ops_sm90_build"] == every and ev.targets["common_ops_sm100_build"] == every
     assert ev.targets["flash_ops"] == ["sm_80", "sm_90a"]
-    assert ev.forced == {"SGL_KERNEL_ENABLE_FA3": "ON"}
+    assert ev.forced == {"SGL_KERNEL_ENABLE_FA3": "ON"} and "CUDA_VERSION" in ev.variables_read
     assert ev.options["ENABLE_BELOW_SM90"] == "ON"
 
 

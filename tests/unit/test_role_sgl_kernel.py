@@ -72,8 +72,10 @@ def _ctx(tmp_path, *, installed=None, on_host=None, packages=None, stack=None, d
     host = Host(name="gpu1", address="10.0.0.1", gpus=GpuExpectation())
     repo = tmp_path / "repo"
     (repo / "patches/sgl-kernel").mkdir(parents=True)
-    (repo / "patches/sgl-kernel/series").write_text("0001-guard.patch\n")
-    (repo / "patches/sgl-kernel/0001-guard.patch").write_text("--- a/CMakeLists.txt\n+++ b/CMakeLists.txt\n")
+    import shutil
+
+    shutil.copytree(Path(__file__).resolve().parents[2] / "patches/sgl-kernel", repo / "patches/sgl-kernel",
+                    dirs_exist_ok=True)
     stack = stack or Stack.model_validate({}, context={"base_dir": repo})
     ctx = PlanContext(host=host, stack=stack, facts=facts, probe=probe, repo=repo)
     return ctx, seen
@@ -94,10 +96,10 @@ def test_build_when_nothing_matches(tmp_path):
     assert "MAX_JOBS=10" in text and "CMAKE_BUILD_PARALLEL_LEVEL=10" in text
     assert "cmake.define.SGL_KERNEL_COMPILE_THREADS=1" in text and "cmake.define.SGL_KERNEL_ENABLE_FP4=1" in text
     # narrowed by the options upstream's CMakeLists reads; the plan says what each library will target
-    assert "cmake.define.ENABLE_BELOW_SM90=OFF" in text and "cmake.define.SGL_KERNEL_ENABLE_FA3=OFF" in text
-    assert "common_ops_sm90_build, common_ops_sm100_build: sm_90,sm_90a,sm_100a,sm_103a,sm_120a" in step.reason
-    assert "flash_ops: sm_90a" in step.reason
-    assert "overridden by the CMakeLists: SGL_KERNEL_ENABLE_FA3=OFF (the CMakeLists sets ON)" in step.reason
+    assert "cmake.define.ENABLE_BELOW_SM90=OFF" in text and "cmake.define.SGL_KERNEL_FORCE_FA3=OFF" in text
+    # the site patch (applied here to the CMakeLists the probe read) lets FA3 and sm_90a go
+    assert "common_ops_sm90_build, common_ops_sm100_build: sm_90,sm_100a,sm_103a,sm_120a;" in step.reason
+    assert "flash_ops" not in step.reason and "not read by" not in step.reason
     # FetchContent: the control node hands every declared source over; CMake is told never to download
     assert [(u.url, u.remote) for u in step.uploads] == [
         ("git+https://github.com/NVIDIA/cutlass@57e3cfb47a2d9e0d46eb6335c3dc411498efa198",
@@ -108,6 +110,11 @@ def test_build_when_nothing_matches(tmp_path):
     assert ("cmake.define.FETCHCONTENT_SOURCE_DIR_REPO-CUTLASS=/var/cache/gpufleet/sources/repo-cutlass-57e3cfb47a2d"
             in text)
     assert "2 FetchContent source(s) handed over" in step.reason
+    # without the patch the plan says what the CMakeLists will do anyway
+    bare = Stack.model_validate({"sgl_kernel": {"patches": str(tmp_path / "none")}}, context={"base_dir": ctx.repo})
+    [plain] = sgl_kernel.plan(_ctx(tmp_path / "bare", stack=bare)[0], LocalCache(tmp_path / "cache"))
+    assert "sm_90,sm_90a,sm_100a,sm_103a,sm_120a" in plain.reason and "flash_ops: sm_90a" in plain.reason
+    assert "not read by the CMakeLists: SGL_KERNEL_FORCE_FA3" in plain.reason
     # build tools: a CMake that knows CMP0177, the pyproject's requirements, torch held at the installed version
     tools = next(c for c in step.commands if "pip install" in c.render() and "cmake" in c.render()).render()
     assert "'cmake>=3.31'" in tools and "'scikit-build-core>=0.10'" in tools and "torch==2.12.0.dev20260307+cu130" in tools
@@ -169,7 +176,7 @@ def test_fp4_off_and_extra_args(tmp_path):
     assert _key(ctx2) != _key(ctx)
     [step] = sgl_kernel.plan(ctx2, LocalCache(tmp_path / "cache"))
     text = "\n".join(c.render() for c in step.commands)
-    assert "SGL_KERNEL_ENABLE_FP4" not in text and "MAX_JOBS=3" in text and "-DENABLE_CCACHE=ON" in text
+    assert "cmake.define.SGL_KERNEL_ENABLE_FP4" not in text and "MAX_JOBS=3" in text and "-DENABLE_CCACHE=ON" in text
 
 
 def test_missing_torch_is_a_plan_error(tmp_path):
