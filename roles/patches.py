@@ -164,7 +164,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpufleet-patches.XXXXXX") \
     || { echo "@@error cannot make a temporary directory"; exit "${nock:-0}"; }
 trap 'rm -rf "$tmp"' EXIT
 gf_has() {
-    if [ "$1" = wt ]; then [ -e "$co/$2" ]; else g cat-file -e "$ref:$2" 2>/dev/null; fi
+    if [ "$1" = wt ]; then [ -e "$co/$2" ]; else g cat-file -e "${upref:-$ref}:$2" 2>/dev/null; fi
 }
 gf_root() {
     local r
@@ -190,7 +190,7 @@ gf_fetch() {
 gf_copy() {
     gf_has "$1" "$3" || return 0
     if [ "$1" = wt ]; then tar -C "$co" -cf - --exclude=__pycache__ -- "$3"
-    else g archive --format=tar "$ref" -- "$3"; fi | tar -xf - -C "$2"
+    else g archive --format=tar "${upref:-$ref}" -- "$3"; fi | tar -xf - -C "$2"
 }
 gf_dump() {
     local f
@@ -236,13 +236,20 @@ def _write(path_expr: str, text: str) -> str:
     return f"{Cmd.of('printf', '%s', text).render()} > {path_expr}"
 
 
-def status_script(checkout: str, branch: str, series: list[Series], fetch: bool = True) -> str:
-    """Bash that writes the series' patches to a temporary directory and judges each on the checkout and upstream."""
+def status_script(checkout: str, branch: str, series: list[Series], fetch: bool = True, target: str = "") -> str:
+    """Bash that writes the series' patches to a temporary directory and judges each on the checkout and upstream
+    (origin's branch tip, or the commit `target` names: a pin)."""
     q = shlex.quote
     lines = [f"co={q(checkout)}", f"ref={q('refs/remotes/origin/' + branch)}", _LIBRARY]
     if fetch:
         lines.append(f"gf_fetch {q(branch)}")
-    lines.append('upstream=$(g rev-parse -q --verify "$ref^{commit}")')
+    if target:
+        lines.append(f"upref=$(g rev-parse -q --verify {q(target + '^{commit}')}) || "
+                     f"{{ g fetch -q origin {q(target)} >/dev/null 2>&1; "
+                     f"upref=$(g rev-parse -q --verify {q(target + '^{commit}')}); }}")
+        lines.append('upstream=$upref')
+    else:
+        lines.append('upstream=$(g rev-parse -q --verify "$ref^{commit}")')
     lines.append('echo "@@upstream $upstream"')
     for s_index, s in enumerate(series):
         if not s.patches:
@@ -265,9 +272,9 @@ def status_script(checkout: str, branch: str, series: list[Series], fetch: bool 
     return text
 
 
-def status_command(checkout: str, branch: str, series: list[Series], fetch: bool = True) -> Cmd:
+def status_command(checkout: str, branch: str, series: list[Series], fetch: bool = True, target: str = "") -> Cmd:
     """The one read-only remote command judging every patch (fetching origin's branch first unless fetch=False)."""
-    return script(status_script(checkout, branch, series, fetch))
+    return script(status_script(checkout, branch, series, fetch, target))
 
 
 # ---- parsing and deciding ------------------------------------------------------------------------------------------

@@ -285,12 +285,28 @@ def plan_update(ctx: PlanContext) -> list[Step | Unchanged]:
                  verify=verify, timeout=UPDATE_TIMEOUT, changes=("checkout",))]
 
 
-def patch_status(ctx: PlanContext, series) -> "series_mod.HostPatches | None":
-    """Each sglang patch judged on the checkout and on upstream (one read-only probe; None without a probe)."""
-    if not series.patches or ctx.probe is None:
+def patch_status(ctx: PlanContext, series, target: str = "") -> "series_mod.HostPatches | None":
+    """Each patch judged on the checkout and on upstream's branch, or on `target` (a pinned commit): one read-only
+    probe; None without a probe."""
+    series = [series] if isinstance(series, series_mod.Series) else [s for s in series if s.patches]
+    if not any(s.patches for s in series) or ctx.probe is None:
         return None
-    cmd = series_mod.status_command(ctx.host.sglang_checkout, ctx.stack.sglang.branch, [series])
-    return series_mod.decide(ctx.host.name, ctx.probe(cmd, "probe sglang patches").output, [series])
+    cmd = series_mod.status_command(ctx.host.sglang_checkout, ctx.stack.sglang.branch, series, target=target)
+    return series_mod.decide(ctx.host.name, ctx.probe(cmd, "probe sglang patches").output, series)
+
+
+def refuse_target(ctx: PlanContext, found, target: str) -> None:
+    """Moving the checkout to a commit where a site patch conflicts or does nothing would leave a stack without its
+    SM120 fixes (or a build without its kernel patches): stop here, before anything changes."""
+    if found is None or found.error:
+        return
+    bad = [p for p in found.patches if p.upstream in (series_mod.CONFLICTS, series_mod.NO_EFFECT)]
+    if bad:
+        where = (target or found.upstream or "upstream")[:10]
+        raise PlanError(ctx.host.name, name, "; ".join(
+            f"{p.series} patch {p.patch} {p.upstream} on {where}" for p in bad)
+            + f" ({', '.join(filter(None, (p.detail for p in bad)))}): rebase the site's patch series for that "
+              "commit (`inv patches` shows each), or keep the checkout where it is; nothing was changed")
 
 
 def pop_warnings(found) -> list[str]:
@@ -332,10 +348,17 @@ def plan_patches(ctx: PlanContext, series, found, updating: bool) -> list[Step |
 def plan(ctx: PlanContext) -> list[Step | Unchanged]:
     """Update the checkout to stack.toml's commit, then apply the sglang patches it still lacks."""
     items = plan_update(ctx)
-    series = series_mod.stack_series(ctx.stack, ctx.repo)[0]
+    every = series_mod.stack_series(ctx.stack, ctx.repo)
+    series = every[0]
     path = ctx.host.sglang_checkout
     if ctx.facts.checkout.present:
-        found = patch_status(ctx, series)
+        pin = None if ctx.stack.sglang.commit == "latest" else ctx.stack.sglang.commit
+        # one probe judges both series, on the checkout and where it is going (a pin, or upstream's tip)
+        found = patch_status(ctx, every, target=pin or "")
+        if isinstance(items[0], Step):  # moving: every patch must still do its job there
+            refuse_target(ctx, found, pin or "")
+        if found is not None:
+            found = replace(found, patches=[p for p in found.patches if p.series == series.name])
         warnings = pop_warnings(found)
         if warnings and isinstance(items[0], Step):
             items[0] = replace(items[0], reason=items[0].reason + "; warning: " + "; ".join(warnings))
