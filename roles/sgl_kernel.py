@@ -269,6 +269,16 @@ def _patch_cmds(ctx: PlanContext, source: Source) -> list[Cmd]:
     return cmds
 
 
+def _unpatch_cmds(ctx: PlanContext, source: Source) -> list[Cmd]:
+    """Take the kernel patches out again, last first: the build leaves the checkout as it found it, so every host of
+    one stack looks the same to `inv patches` and `inv status`."""
+    pdir = _patch_dir(ctx)
+    body = ('if printf "%s" "$1" | git apply --reverse --check --directory="$3" - 2>/dev/null; then '
+            'printf "%s" "$1" | git apply --reverse --directory="$3" - && echo "reverted: $2"; fi')
+    return [Cmd.of("bash", "-c", body, "unpatch", (pdir / pname).read_text(), pname, source.directory,
+                   cwd=ctx.host.sglang_checkout) for pname in reversed(buildcache.series_names(pdir))]
+
+
 def build_tools(ctx: PlanContext, source: Source) -> list[str]:
     """What the build environment needs: the stack's tools (a CMake new enough for upstream's policies), what the
     pyproject's build-system asks for, and the stack's own packages pinned to what is installed, so that resolving
@@ -385,6 +395,6 @@ def _build_step(ctx: PlanContext, source: Source, built: BuildInputs, key: str, 
                 reason=(why + "; no wheel with that key on the host or in the cache; "
                         + targets(ctx, source, given, built.cuda) + handed),
                 commands=(*_patch_cmds(ctx, source), tools, *unpack, detached.wait_cmd(job, inner),
-                          _record_cmd(ctx, key, wheel_expr, "built-here", inputs_json)),
+                          _record_cmd(ctx, key, wheel_expr, "built-here", inputs_json), *_unpatch_cmds(ctx, source)),
                 needed=_needed(ctx, key), verify=(_verify(ctx, key),), timeout=BUILD_TIMEOUT,
                 changes=("checkout", "venv", "cache"), resumable=True, artifacts=(key,), uploads=uploads)

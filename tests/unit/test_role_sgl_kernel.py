@@ -121,7 +121,8 @@ def test_build_when_nothing_matches(tmp_path):
     assert "torch>=2.8.0" not in tools
     assert "systemd-run" in text and f"gpufleet-build-{_key(ctx)[:12]}" in text
     assert "--no-build-isolation" in text and "--force-reinstall --no-deps" in text
-    record = step.commands[-1].render()
+    assert "reverted: $2" in step.commands[-1].render()  # the checkout is left as it was found
+    record = step.commands[-2].render()
     assert "cutlass_scaled_fp4_mm" in record and "sglang.jit_kernel.nvfp4" in record and ".nv_fatbin" in record
 
 
