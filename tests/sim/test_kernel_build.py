@@ -17,6 +17,7 @@ from gpufleet.buildcache import record_path
 from gpufleet.command import Cmd
 from gpufleet.inventory import load_inventory
 from gpufleet.runner import session_for
+from gpufleet.sim import upstream as up
 
 pytestmark = pytest.mark.sim
 
@@ -99,12 +100,11 @@ def test_second_host_with_the_same_build_key_installs_the_first_hosts_wheel(sim_
     """`inv upgrade` on gpu1 builds sgl-kernel; then on gpu3 (same key) installs gpu1's wheel and compiles nothing."""
     from tests.sim.helpers import REPO, inv_json, write_inventory
 
-    if not (REPO / "patches/sgl-kernel/series").exists():
-        pytest.skip("no site patches for sgl-kernel: the simulated upstream does not build unpatched on CMake < 3.31")
     # A snapshot: the key covers the patches, so an edit to them during the test would ask gpu3 for a new build.
     patches = shutil.copytree(REPO / "patches/sgl-kernel", tmp_path / "patches")
     path = write_inventory(sim_fleet, tmp_path / "hosts.toml", ["gpu1", "gpu3"],
-                           extra=f'[defaults.stack.sgl_kernel]\npatches = "{patches}"\n')
+                           extra="".join(f'[hosts.{h}.stack.sgl_kernel]\npatches = "{patches}"\n'
+                                         for h in ("gpu1", "gpu3")))
     monkeypatch.setenv("GPUFLEET_CACHE_DIR", str(tmp_path / "cache"))  # empty: gpu1 must build
     starts = "journalctl --no-pager -o cat | grep -c '^Started gpufleet-build-'"
 
@@ -124,11 +124,31 @@ def test_second_host_with_the_same_build_key_installs_the_first_hosts_wheel(sim_
         built = kernel(r1)
         assert built["status"] == "changed" and built["title"].startswith("build sgl-kernel"), built
         key12 = re.search(r"\(build ([0-9a-f]{12}),", built["title"])[1]
-        assert "[gpu1] applied: 0002-cmake-policy-guards.patch" in proc1.stderr
+        assert "[gpu1] applied: 0001-fa3-can-be-turned-off.patch" in proc1.stderr
+        assert "[gpu1] reverted: 0001-fa3-can-be-turned-off.patch" in proc1.stderr
+        # the plan said what each library would target under the stack's options, as the patched CMakeLists reads
+        assert "common_ops_sm90_build, common_ops_sm100_build: sm_90,sm_100a,sm_103a,sm_120a" in built["reason"]
         [key] = [k for k in sim_fleet.run_on("gpu1", "ls /var/lib/gpufleet/builds").stdout.split()
                  if k.startswith(key12)]
         rec1 = json.loads(sim_fleet.run_on("gpu1", f"cat {record_path(key)}").stdout)
-        assert rec1["origin"] == "built-here" and rec1["fp4"] is True and "sm_120a" in rec1["archs"]
+        # what was really built, read off the installed libraries (no build_info: real sgl_kernel has none)
+        assert rec1["origin"] == "built-here" and rec1["fp4"] is True
+        assert rec1["archs"] == ["sm_90", "sm_100a", "sm_103a", "sm_120a"], rec1
+        assert set(rec1["fp4_ops"].values()) == {"sgl_kernel"} and rec1["torch"].startswith("2.12.0")
+        libs = rec1["libraries"]
+        assert {"sm90", "sm100"} <= {name.split("/")[0] for name in libs}, libs
+        assert not any("flash_ops" in name for name in libs)  # FA3 turned off through the site patch
+        # FetchContent: the control node's archive was handed over and CMake was told to stay offline
+        cache = sim_fleet.run_on("gpu1", f"cat /var/lib/gpufleet/builds/{key}/cmake-build/CMakeCache.txt").stdout
+        assert "FETCHCONTENT_FULLY_DISCONNECTED:UNINITIALIZED=ON" in cache or "FETCHCONTENT_FULLY_DISCONNECTED:BOOL=ON" in cache
+        assert "FETCHCONTENT_SOURCE_DIR_REPO-CUTLASS:UNINITIALIZED=/var/cache/gpufleet/sources/repo-cutlass-" in cache \
+            or "FETCHCONTENT_SOURCE_DIR_REPO-CUTLASS:PATH=/var/cache/gpufleet/sources/repo-cutlass-" in cache
+        # the host cannot reach the sim's "GitHub" (loopback of the control node): the sources came from gpufleet
+        assert sim_fleet.run_on("gpu1", "timeout 10 git ls-remote git://127.0.0.1:9419/NVIDIA/cutlass",
+                                check=False).returncode != 0
+        # the build left the checkout as it found it: only the two local SM120 edits
+        status = sim_fleet.run_on("gpu1", "git -C /root/sglang-main status --porcelain").stdout.split("\n")
+        assert sorted(line[3:] for line in status if line) == [up.SIZES_FILE, up.SYMM_MEM_FILE]
         assert (tmp_path / "cache" / "sgl-kernel" / key / "record.json").exists()
 
         proc3, [r3] = upgrade("--host", "gpu3")

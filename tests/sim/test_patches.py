@@ -10,7 +10,7 @@ from tests.sim.helpers import inv, inv_json
 pytestmark = pytest.mark.sim
 
 S1, S2 = "0001-symm-mem-all-reduce-sizes-sm120.patch", "0002-symm-mem-multimem-world-sizes-sm120.patch"
-KERNEL = ("0001-cuda13-cccl-include.patch", "0002-cmake-policy-guards.patch", "0003-fa3-fallback.patch")
+KERNEL = ("0001-fa3-can-be-turned-off.patch",)
 SIZES = (up.TREE / up.SIZES_FILE).read_text()
 
 
