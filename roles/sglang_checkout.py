@@ -306,7 +306,7 @@ def refuse_target(ctx: PlanContext, found, target: str) -> None:
         raise PlanError(ctx.host.name, name, "; ".join(
             f"{p.series} patch {p.patch} {p.upstream} on {where}" for p in bad)
             + f" ({', '.join(filter(None, (p.detail for p in bad)))}): rebase the site's patch series for that "
-              "commit (`inv patches` shows each), or keep the checkout where it is; nothing was changed")
+              "commit (`inv patches` shows each), or keep the checkout where it is; the checkout was not touched")
 
 
 def pop_warnings(found) -> list[str]:

@@ -1,6 +1,6 @@
 """End to end: upstream's mid-2026 layout (sgl-kernel under python/sglang/kernels/aot, the size table inside
 torch_symm_mem.py) on the simulated upstream: the kernel directory is found, `inv patches` says the size patch no
-longer does anything there, and an upgrade to that commit stops before anything changes, the checkout exactly kept."""
+longer does anything there, and an upgrade to that commit stops before the checkout moves or a build starts."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_patches_on_the_mid_2026_layout(moved):
     assert "no effect" in table.stdout
 
 
-def test_upgrade_to_the_moved_layout_stops_before_anything_changes(moved, tmp_path):
+def test_upgrade_to_the_moved_layout_stops_before_the_checkout_or_a_build(moved, tmp_path):
     fleet, sha = moved
     path = write_inventory(fleet, tmp_path / "hosts.toml", ["gpu2"], extra=f'[hosts.gpu2.stack.sglang]\ncommit = "{sha}"\n')
     before = checkout_state(fleet, "gpu2")
@@ -55,7 +55,7 @@ def test_upgrade_to_the_moved_layout_stops_before_anything_changes(moved, tmp_pa
     assert report["outcome"] == "failed", report
     error = report["error"]
     assert f"sglang patch {S1} no effect on {sha[:10]}" in error and "no key 12" in error, error
-    assert "nothing was changed" in error
+    assert "the checkout was not touched" in error
     assert not any(e["role"] == "sgl-kernel" for e in report["entries"]), report["entries"]
     assert checkout_state(fleet, "gpu2") == before
     starts = "journalctl --no-pager -o cat | grep -c '^Started gpufleet-build-'"
