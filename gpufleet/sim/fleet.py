@@ -25,6 +25,10 @@ VETH_PREFIX = f"{PREFIX[:3]}v-"
 CONTROL_ADDR = f"{SUBNET}.1"
 INDEX_PORT = 8765
 GIT_PORT = 9418
+# The stand-in GitHub (FetchContent sources): on loopback only, so the control node can fetch from it and the
+# simulated hosts (own network namespaces) cannot, as a real fleet's boxes may not reach github.com.
+GITHUB_ADDR = "127.0.0.1"
+GITHUB_PORT = 9419
 VENV = "/root/venv"
 CHECKOUT = "/root/sglang-main"
 MODEL_PATH = "/models/Qwen3.5-397B-A17B-NVFP4"
@@ -74,6 +78,7 @@ class SimState:
     hosts: list[SimHost] = field(default_factory=list)
     index_pid: int = 0
     git_pid: int = 0
+    github_pid: int = 0
     inventory: str = ""
 
     @classmethod
@@ -82,7 +87,8 @@ class SimState:
             return cls()
         data = json.loads(path.read_text())
         return cls(hosts=[SimHost(**h) for h in data.get("hosts", [])], index_pid=data.get("index_pid", 0),
-                   git_pid=data.get("git_pid", 0), inventory=data.get("inventory", ""))
+                   git_pid=data.get("git_pid", 0), github_pid=data.get("github_pid", 0),
+                   inventory=data.get("inventory", ""))
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -146,7 +152,7 @@ class SimFleet:
         on_progress("building stand-in wheels, package index and upstream sglang repo")
         self._build_artifacts()
         self._bridge_up()
-        state.index_pid, state.git_pid = self._start_servers()
+        state.index_pid, state.git_pid, state.github_pid = self._start_servers()
         state.save(self.state_path)
         on_progress("building the host template (venv with the old stack, sglang checkout)")
         self._build_template()
@@ -177,7 +183,8 @@ class SimFleet:
         state = self.state()
         for host in state.hosts:
             system.stop_pid(host.pid, NSPAWN_MARKER)
-        for pid, marker in ((state.index_pid, "http.server"), (state.git_pid, "git-daemon")):
+        for pid, marker in ((state.index_pid, "http.server"), (state.git_pid, "git-daemon"),
+                            (state.github_pid, "git-daemon")):
             if pid:
                 system.stop_pid(pid, marker, timeout=5)
         for hierarchy in system.CGROUP_HIERARCHIES:
@@ -301,8 +308,8 @@ class SimFleet:
         sh("ip", "addr", "add", f"{CONTROL_ADDR}/24", "dev", BRIDGE)
         sh("ip", "link", "set", BRIDGE, "up")
 
-    def _start_servers(self) -> tuple[int, int]:
-        from gpufleet.sim import index
+    def _start_servers(self) -> tuple[int, int, int]:
+        from gpufleet.sim import index, upstream
 
         index_pid = system.spawn_detached(index.serve_index_command(self.index_root, CONTROL_ADDR, INDEX_PORT),
                                           self.logs / "index.log")
@@ -312,13 +319,22 @@ class SimFleet:
             [daemon, "--reuseaddr", "--export-all", f"--base-path={self.upstream_bare.parent}",
              f"--listen={CONTROL_ADDR}", f"--port={GIT_PORT}", str(self.upstream_bare.parent)],
             self.logs / "git-daemon.log")
-        for port, pid, marker, log in ((INDEX_PORT, index_pid, "http.server", "index.log"),
-                                       (GIT_PORT, git_pid, "git-daemon", "git-daemon.log")):
-            _wait_port(CONTROL_ADDR, port, 15, f"control-node server on port {port}")
+        # The stand-in GitHub: git://127.0.0.1:9419/NVIDIA/cutlass stands for https://github.com/NVIDIA/cutlass.
+        github_root = self.run_dir / "github"
+        upstream.build_github(github_root)
+        github_pid = system.spawn_detached(
+            [daemon, "--reuseaddr", "--export-all", f"--base-path={github_root}",
+             f"--listen={GITHUB_ADDR}", f"--port={GITHUB_PORT}", str(github_root)],
+            self.logs / "github-daemon.log")
+        for addr, port, pid, marker, log in (
+                (CONTROL_ADDR, INDEX_PORT, index_pid, "http.server", "index.log"),
+                (CONTROL_ADDR, GIT_PORT, git_pid, "git-daemon", "git-daemon.log"),
+                (GITHUB_ADDR, GITHUB_PORT, github_pid, "git-daemon", "github-daemon.log")):
+            _wait_port(addr, port, 15, f"control-node server on port {port}")
             if not system.pid_alive(pid, marker):
-                raise SimError(f"{marker} exited (is port {port} on {CONTROL_ADDR} taken?):\n"
+                raise SimError(f"{marker} exited (is port {port} on {addr} taken?):\n"
                                + (self.logs / log).read_text(errors="replace")[-1500:])
-        return index_pid, git_pid
+        return index_pid, git_pid, github_pid
 
     def _build_template(self) -> None:
         """A shared lower layer: what every simulated host has before gpufleet touches it."""
@@ -518,7 +534,9 @@ def _fetch_build_tools(dest: Path) -> None:
     from gpufleet.apply import RESOLVER_PIP
 
     cmd = [os.sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--dest", str(dest),
-           "wheel", "setuptools", "scikit-build-core", "packaging", "pathspec", f"pip=={RESOLVER_PIP}"]
+           "wheel", "setuptools", "scikit-build-core", "packaging", "pathspec", f"pip=={RESOLVER_PIP}",
+           # upstream's CMakeLists sets CMP0177, which CMake knows from 3.31 (manylinux wheels of it on PyPI)
+           "cmake>=3.31"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SimError(f"could not fetch build-tool wheels for the simulated index: {proc.stderr.strip()[-800:]}")

@@ -16,7 +16,7 @@ def _q(value: str) -> str:
 def render_inventory(fleet: "SimFleet", hosts: list["SimHost"], *, known_hosts: str | None = None,
                      connect_timeout: int = 10) -> str:
     """TOML text for hosts; package sources point at the control node's index and git daemon."""
-    from gpufleet.sim.fleet import CHECKOUT, CONTROL_ADDR, MODEL_PATH, VENV
+    from gpufleet.sim.fleet import CHECKOUT, CONTROL_ADDR, GITHUB_ADDR, GITHUB_PORT, MODEL_PATH, VENV
 
     idx = _q(fleet.index_url)
     lines = [
@@ -47,8 +47,13 @@ def render_inventory(fleet: "SimFleet", hosts: list["SimHost"], *, known_hosts: 
         f"index_url = {idx}",
         "[defaults.stack.flashinfer.jit_cache]",
         f"index_url = {idx}",
+        "# stack.toml pins a real upstream commit the simulated upstream cannot have: follow its main instead.",
         "[defaults.stack.sglang]",
         f"remote = {_q(fleet.upstream_url)}",
+        'commit = "latest"',
+        "# FetchContent sources (github.com) are fetched by the control node from the stand-in GitHub on loopback.",
+        "[defaults.stack.sgl_kernel]",
+        f'source_mirrors = {{"https://github.com/" = {_q(f"git://{GITHUB_ADDR}:{GITHUB_PORT}/")}}}',
         "[defaults.stack.pip]",
         f"index_url = {idx}",
         f"trusted_hosts = [{_q(CONTROL_ADDR)}]",

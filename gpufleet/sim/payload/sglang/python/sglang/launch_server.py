@@ -163,10 +163,31 @@ def check_gpus(tp: int) -> tuple[int, int]:
     return capability
 
 
-def setup_symm_mem(tp: int, major: int) -> dict:
+class _TensorParallelGroup:
+    """What TorchSymmMemCommunicator reads of the tensor-parallel ProcessGroup (the stand-in has no torch.distributed):
+    its size, as dist.get_world_size(group) gives it, and its name."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.group_name = "tp"
+
+    def size(self) -> int:
+        return self.world_size
+
+
+def setup_symm_mem(tp: int, major: int | None = None) -> dict:
+    """Create the communicator as sglang's parallel state does, for rank 0 (device 0) of the TP group. The newer
+    communicator raises RuntimeError where the older one disables itself; both leave the server running without it.
+    A KeyError (no table row for the GPU's capability) ends the launch, as it does upstream."""
     from sglang.srt.distributed.device_communicators.torch_symm_mem import TorchSymmMemCommunicator
 
-    comm = TorchSymmMemCommunicator(world_size=tp, device_capability=major)
+    try:
+        comm = TorchSymmMemCommunicator(_TensorParallelGroup(tp), 0)
+    except RuntimeError as exc:
+        logger.warning("%s", exc)
+        info = {"disabled": True, "kernel": None, "max_size": None}
+        logger.info("torch symm-mem all-reduce: %s", info)
+        return info
     info = {"disabled": comm.disabled, "kernel": None if comm.disabled else comm.kernel,
             "max_size": getattr(comm, "max_size", None)}
     logger.info("torch symm-mem all-reduce: %s", info)
