@@ -295,3 +295,55 @@ def _real_listings() -> dict[str, str]:
             if member.isfile():
                 out[Path(member.name).name] = tar.extractfile(member).read().decode()
     return out
+
+
+# What cuobjdump 13.0.85 listed on the H200 machine (torch 2.11.0+cu130); both kernel_archs methods agreed there.
+REAL_EXPECTED = {
+    "h200_k.so": (["sm_90a", "sm_100", "sm_100a", "sm_120a"], ["compute_120a"]),  # sm_100f lists as sm_100
+    "h200_kc.so": (["sm_90", "sm_120"], ["compute_90", "compute_120f"]),
+    "libtorch_cuda.so": (
+        ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_103a", "sm_120", "sm_120a",
+         "sm_121a"],
+        [],
+    ),
+    "libtorchaudio.abi3.so": (["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], ["compute_120"]),
+}
+
+
+def _real_json(name: str) -> dict[str, dict]:
+    return {Path(r["path"]).name: r for r in json.loads((REAL / name).read_text())["libraries"]}
+
+
+def test_real_h200_cuobjdump_listings_and_both_methods_agree():
+    listings = _real_listings()
+    normal, fallback = _real_json("kernel_archs.json"), _real_json("kernel_archs-fallback.json")
+    assert sorted(normal) == sorted(fallback) == sorted(REAL_EXPECTED)
+    for name, (archs, ptx) in REAL_EXPECTED.items():
+        assert listings[f"{name}.list-elf.rc"].strip() == "0", name
+        parsed = ka.parse_cuobjdump_listing(listings[f"{name}.list-elf.out"] + listings[f"{name}.list-ptx.out"])
+        assert parsed == (archs, ptx), name
+        assert (normal[name]["method"], normal[name]["error"]) == ("cuobjdump", None), name
+        assert (fallback[name]["method"], fallback[name]["error"]) == ("fatbin", None), name
+        assert (normal[name]["archs"], normal[name]["ptx"]) == parsed == (fallback[name]["archs"], fallback[name]["ptx"])
+
+
+@pytest.mark.parametrize("name", ["h200_k.so", "h200_kc.so"])
+def test_real_h200_libraries_read_here(name):
+    """The tiny libraries built on the H200 machine came back: the fatbin reader agrees with its cuobjdump here too."""
+    lib = REAL / name
+    assert lib.stat().st_size < 100_000
+    listings = _real_listings()
+    want = ka.parse_cuobjdump_listing(listings[f"{name}.list-elf.out"] + listings[f"{name}.list-ptx.out"])
+    assert ka.read_fatbin(str(lib)) == want == REAL_EXPECTED[name]
+
+
+def test_real_h200_torch_lib_directory():
+    """The fatbin reader over torch's whole lib directory: CUDA libraries read, the others a clear error."""
+    got = _real_json("kernel_archs-torchlib.json")
+    assert got["libtorch_cuda.so"]["archs"] == REAL_EXPECTED["libtorch_cuda.so"][0]
+    assert got["libtorch_cuda_linalg.so"]["archs"] == ["sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+    assert got["libtorch_nvshmem.so"]["ptx"] == ["compute_120"]
+    assert got["libc10.so"]["error"] == "ELF file has no .nv_fatbin section (no CUDA device code)"
+    assert all(r["method"] == "fatbin" for r in got.values())
+    log = (REAL / "log.txt").read_text()
+    assert "release 13.0, V13.0.85" in log and "NVIDIA H200" in log and "DIFFER" not in log
