@@ -212,8 +212,9 @@ def local_facts(co: Path) -> CheckoutFacts:
                          untracked=[s[3:] for s in status if s.startswith("??")])
 
 
-def local_plan(bare: Path, co: Path) -> list:
-    stack = Stack.model_validate({"sglang": {"remote": str(bare)}})
+def local_plan(bare: Path, co: Path, patches: Path | None = None) -> list:
+    extra = {"patches": str(patches)} if patches else {}
+    stack = Stack.model_validate({"sglang": {"remote": str(bare), **extra}, "sgl_kernel": extra})
     probe = lambda cmd, step: result(cmd, step, (p := bash(cmd)).returncode, p.stdout + p.stderr)  # noqa: E731
     return role.plan(context(local_facts(co), probe, stack, path=str(co)))
 
@@ -262,9 +263,14 @@ def test_pop_conflict_puts_the_checkout_back_exactly(repo):
     before = snapshot(co)
     new = up.add_upstream_commit(bare, {up.SIZES_FILE: SIZES.replace("    },\n}", "    },  # Blackwell (SM100)\n}")},
                                  "Touch the line next to the SM120 edit")
-    items = local_plan(bare, co)
-    assert items[0].reason.endswith(f"warning: {S1} is in the checkout but conflicts with upstream, so the stash pop "
-                                    "will likely fail (the checkout is then put back)")
+    # With the site's series, moving there is refused before anything runs: the size patch conflicts on upstream.
+    with pytest.raises(PlanError, match=f"sglang patch {S1} conflicts on {new[:10]}"):
+        local_plan(bare, co)
+    assert snapshot(co) == before
+    # Without a series (local edits of the operator's own), the update runs and the pop conflict puts it all back.
+    none = Path(role.BACKUPS).parent / "no-patches"
+    none.mkdir(parents=True, exist_ok=True)
+    items = local_plan(bare, co, patches=none)
     [proc] = apply_locally(items)
     assert proc.returncode == role.EXIT_RESTORED, proc.stdout + proc.stderr
     assert "redo the edit on top of upstream" in proc.stdout

@@ -72,8 +72,10 @@ def test_shipped_stack_loads_and_matches_model_defaults(tmp_path: Path) -> None:
     shipped = load_stack(REPO / "stack.toml")
     defaults = load(tmp_path, "")
     assert shipped.sglang.patches == REPO / "patches" / "sglang"
-    drop = {"sglang": {"patches"}, "sgl_kernel": {"patches"}}
+    drop = {"sglang": {"patches", "commit"}, "sgl_kernel": {"patches"}}
     assert shipped.model_dump(exclude=drop) == defaults.model_dump(exclude=drop)
+    # the one deliberate difference: stack.toml pins the upstream commit its patches were checked against
+    assert (shipped.sglang.commit, defaults.sglang.commit) == ("5297b02c8", "latest")
 
 
 def test_url_source_and_pins(tmp_path: Path) -> None:
