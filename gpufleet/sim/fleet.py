@@ -522,7 +522,8 @@ def _source_hash() -> str:
     h = hashlib.sha256()
     here = Path(__file__).parent
     for p in sorted(here.rglob("*")):
-        if p.is_file() and p.suffix in (".py", ".txt", ".toml", ".cfg", ".in") and "__pycache__" not in p.parts:
+        # every payload file (kernel sources, CMake modules) decides what the sim builds, not only Python
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc":
             h.update(p.relative_to(here).as_posix().encode())
             h.update(p.read_bytes())
     return h.hexdigest()
