@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpufleet.apply import Upgrade
@@ -42,11 +44,14 @@ def snapshot(fleet) -> dict:
     return {"head": head.strip(), "status": status, "stashes": stashes, "files": files}
 
 
-def run_role(fleet, dry_run: bool = False):
+def run_role(fleet, dry_run: bool = False, patches: Path | None = None):
     """The checkout role alone, planned and applied by the real engine over one SSH connection."""
     inv = load_inventory(fleet.inventory_path)
     chosen = [inv.hosts[HOST]]
     stack = host_stacks(load_stack(REPO / "stack.toml"), inv, chosen)[HOST]
+    if patches is not None:  # another patch series (an empty one: local edits of the operator's own)
+        stack = stack.model_copy(update={"sglang": stack.sglang.model_copy(update={"patches": patches}),
+                                         "sgl_kernel": stack.sgl_kernel.model_copy(update={"patches": patches})})
     upgrade = Upgrade(roles=[sglang_checkout], run=RunInfo.current("pytest test_checkout"), repo=REPO,
                       dry_run=dry_run, say=lambda line: None)
     [outcome] = for_each_host(chosen, inv, lambda session: upgrade.host(session, stack))
@@ -54,11 +59,18 @@ def run_role(fleet, dry_run: bool = False):
     return outcome.value
 
 
-def test_pop_conflict_puts_the_checkout_back_exactly(host):
+def test_pop_conflict_puts_the_checkout_back_exactly(host, tmp_path):
     before = snapshot(host)
     new = up.add_upstream_commit(host.upstream_bare, {up.SIZES_FILE: SIZES.replace("    },\n}", "    },  # SM100\n}")},
                                  "Comment the capability-10 row (the line next to the SM120 edit)")
-    report = run_role(host)
+    # with the site's series the move is refused at plan time: the size patch conflicts there
+    refused = run_role(host)
+    assert refused.outcome == "failed" and f"patch 0001-symm-mem-all-reduce-sizes-sm120.patch conflicts on {new[:10]}" \
+        in refused.error and "the checkout was not touched" in refused.error
+    assert snapshot(host) == before
+    # with no series (the edits are the operator's own) the update runs, the pop conflicts, all is put back
+    (tmp_path / "none").mkdir()
+    report = run_role(host, patches=tmp_path / "none")
     assert report.outcome == "failed"
     assert f"conflict with upstream {new} in {up.SIZES_FILE}" in report.error
     assert "back exactly as it was" in report.error
