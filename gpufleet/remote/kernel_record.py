@@ -60,7 +60,8 @@ def main(argv):
     module, directory = kernel_module_dir()
     if directory is None:
         sys.exit("sgl_kernel is not importable from this venv after installing %s" % wheel)
-    report = archs_ns["libraries"]([directory])
+    cuobjdump = archs_ns["find_cuobjdump"]()
+    report = [archs_ns["library_report"](path, cuobjdump) for path in archs_ns["libraries"]([directory])]
     libraries = {os.path.relpath(lib["path"], directory): lib for lib in report}
     archs = sorted({a for lib in report for a in lib["archs"]}, key=archs_ns["arch_key"])
     found, errors = fp4_ops(ops)

@@ -29,7 +29,28 @@ def write_inventory(fleet, path: Path, hosts: list[str] | None = None, *, extra:
     """An inventory for some of the simulated hosts, with optional extra TOML appended."""
     from gpufleet.sim.inventory_file import render_inventory
 
+    import tomllib
+
+    import tomlkit
+
     chosen = [h for h in fleet.state().hosts if hosts is None or h.name in hosts]
-    path.write_text(render_inventory(fleet, chosen, known_hosts=known_hosts, connect_timeout=connect_timeout)
-                    + "\n" + extra)
+    base = render_inventory(fleet, chosen, known_hosts=known_hosts, connect_timeout=connect_timeout)
+    try:
+        tomllib.loads(base + "\n" + extra)
+        path.write_text(base + "\n" + extra)  # as written (comments and all) when it stands beside the rendered text
+        return path
+    except tomllib.TOMLDecodeError:
+        pass
+    # else merged table by table: an extra may add keys to a table the rendered inventory has already
+    merged = tomllib.loads(base)
+    _merge(merged, tomllib.loads(extra))
+    path.write_text(tomlkit.dumps(merged))
     return path
+
+
+def _merge(into: dict, extra: dict) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value

@@ -157,7 +157,7 @@ def test_one_run_takes_the_old_stack_to_the_target(fleet, site, first_run):
                                  f"sgl-kernel: {build['title']}"]
 
     assert f"[gpu1] Successfully installed nvidia-cublas-13.2.0.1 torch-{TORCH} triton-3.6.0" in proc.stderr
-    assert "[gpu1] applied: 0002-cmake-policy-guards.patch" in proc.stderr
+    assert "[gpu1] applied: 0001-fa3-can-be-turned-off.patch" in proc.stderr
     assert f"[gpu1] sgl-kernel: build {key12} cached on the control node for the other hosts" in proc.stderr
     assert "reattaching" not in proc.stderr
     found = versions(fleet, "gpu1")
