@@ -289,7 +289,8 @@ class _HostRun:
                 local = self.up.wheels.get(up.url, None)
                 sha = self.up.wheels.sha256(local)
             wanted.append((up, sha, local))
-            if step is not None and up.name:
+            # wheels only: a build's FetchContent source archive is handed over the same way but is no distribution
+            if step is not None and up.name and up.remote.endswith(".whl"):
                 self.report.wheels.append({"name": up.name, "version": up.version, "filename":
                                            posixpath.basename(up.remote), "url": redact_url(up.url), "sha256": sha})
         if not wanted:
