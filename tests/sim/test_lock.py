@@ -92,7 +92,8 @@ def test_canary_records_the_lock_and_later_hosts_get_exactly_it_while_the_index_
     rows = {r["host"]: r for r in report["hosts"]}
     assert rows["gpu1"]["matches"] and rows["gpu2"]["matches"], rows
     # gpu3 installed gpu1's cached sgl-kernel build: it never needed the build tools the canary has
-    assert rows["gpu3"]["packages"] == [f"nvidia-cudnn-frontend: {NEWER} (lock: 1.13.0)",
+    assert rows["gpu3"]["packages"] == [f"cmake: absent (lock: {found.packages['cmake']})",
+                                        f"nvidia-cudnn-frontend: {NEWER} (lock: 1.13.0)",
                                         f"pathspec: absent (lock: {found.packages['pathspec']})",
                                         f"scikit-build-core: absent (lock: {found.packages['scikit-build-core']})"]
     text = inv("status", "--hosts", "all", "--inventory", str(path), "--lock", str(recorded))
@@ -101,7 +102,7 @@ def test_canary_records_the_lock_and_later_hosts_get_exactly_it_while_the_index_
     # `inv upgrade --lock` converges it (also how a new box joins the fleet)
     proc4, [converge] = inv_json("upgrade", "--host", "gpu3", "--inventory", str(path), "--lock", str(recorded))
     assert proc4.returncode == 0, proc4.stderr[-3000:]
-    assert converge["changed"] == ["locked-packages: install 3 locked distribution(s)"], converge
+    assert converge["changed"] == ["locked-packages: install 4 locked distribution(s)"], converge
     assert versions(fleet, "gpu3")["nvidia-cudnn-frontend"] == "1.13.0"
     proc5, report5 = inv_json("status", "--hosts", "all", "--inventory", str(path), "--lock", str(recorded))
     assert proc5.returncode == 0 and all(r["matches"] for r in report5["hosts"]), report5
