@@ -2,7 +2,7 @@
 
 from invoke import Collection, Exit, task
 
-from gpufleet import cli
+from gpufleet.cli import common as cli
 
 _ROLL = {
     "canary": "with several hosts: the host to upgrade first, alone (default: the first selected)",
@@ -47,9 +47,9 @@ def status(c, host=None, hosts=None, inventory=None, stack=None, json=False, acc
     """Compare each host with stack.toml (or a fleet lock): one row per host, drift highlighted; exit 1 on drift or
     unreachable."""
     if lock:
-        from gpufleet import cli_lock
+        from gpufleet.cli import lock_status as lock_cmd
 
-        _exit(cli_lock.lock_status(inventory, stack, host, hosts, json, accept_new_host_keys, lock))
+        _exit(lock_cmd.lock_status(inventory, stack, host, hosts, json, accept_new_host_keys, lock))
     else:
         _exit(cli.status(inventory, stack, host, hosts, json, accept_new_host_keys))
 
@@ -59,9 +59,9 @@ def status(c, host=None, hosts=None, inventory=None, stack=None, json=False, acc
 @cli.user_errors
 def patches(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False, fetch=True):
     """Each patch of patches/sglang and patches/sgl-kernel on each host: applied, will apply, upstreamed, conflicts."""
-    from gpufleet import cli_patches
+    from gpufleet.cli import patches as patches_cmd
 
-    _exit(cli_patches.patches(inventory, stack, host, hosts, json, accept_new_host_keys, fetch))
+    _exit(patches_cmd.patches(inventory, stack, host, hosts, json, accept_new_host_keys, fetch))
 
 
 @fleet_task(help={**_COMMON, **_ROLL,
@@ -77,14 +77,15 @@ def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, ac
     One host: the upgrade alone. Several hosts: a roll, canary first then batches; each host is stopped, upgraded,
     deployed and proven healthy, or rolled back; the roll stops past --max-fail. The canary's proven stack is
     recorded as a fleet lock (locks/) and every later host installs exactly that set."""
-    from gpufleet import cli_roll, cli_upgrade
+    from gpufleet.cli import roll as roll_cmd
+    from gpufleet.cli import upgrade as upgrade_cmd
 
-    if cli_roll.should_roll(inventory, host, hosts, resume, canary, dry_run):
-        _exit(cli_roll.roll("upgrade", cli.command_line("upgrade"), inventory, stack, host, hosts, canary, batch,
+    if roll_cmd.should_roll(inventory, host, hosts, resume, canary, dry_run):
+        _exit(roll_cmd.roll("upgrade", cli.command_line("upgrade"), inventory, stack, host, hosts, canary, batch,
                             max_fail, no_rollback, resume, hf_token_file, False, accept_new_host_keys, json,
                             lock_file=lock))
     else:
-        _exit(cli_upgrade.upgrade(inventory, stack, host, hosts, json, accept_new_host_keys, dry_run,
+        _exit(upgrade_cmd.upgrade(inventory, stack, host, hosts, json, accept_new_host_keys, dry_run,
                                   lock_file=lock))
 
 
@@ -98,14 +99,15 @@ def deploy_model(c, host=None, hosts=None, inventory=None, stack=None, json=Fals
     """Install or update the SGLang unit (restart only on change), then prove /health and a smoke generation.
 
     Several hosts roll: canary first, then batches, each proven healthy (or rolled back) before the next."""
-    from gpufleet import cli_deploy, cli_roll
+    from gpufleet.cli import deploy as deploy_cmd
+    from gpufleet.cli import roll as roll_cmd
 
-    if cli_roll.should_roll(inventory, host, hosts, resume, canary, dry_run):
-        _exit(cli_roll.roll("deploy-model", cli.command_line("deploy-model"), inventory, stack, host, hosts,
+    if roll_cmd.should_roll(inventory, host, hosts, resume, canary, dry_run):
+        _exit(roll_cmd.roll("deploy-model", cli.command_line("deploy-model"), inventory, stack, host, hosts,
                             canary, batch, max_fail, no_rollback, resume, hf_token_file, download,
                             accept_new_host_keys, json))
     else:
-        _exit(cli_deploy.deploy_model(inventory, stack, host, hosts, dry_run, json, download, hf_token_file,
+        _exit(deploy_cmd.deploy_model(inventory, stack, host, hosts, dry_run, json, download, hf_token_file,
                                       accept_new_host_keys))
 
 
@@ -115,9 +117,9 @@ def deploy_model(c, host=None, hosts=None, inventory=None, stack=None, json=Fals
 def rollback(c, host=None, hosts=None, inventory=None, stack=None, snapshot=None, json=False,
              accept_new_host_keys=False, dry_run=False):
     """Put hosts back on the snapshot taken before their last upgrade: exact venv, sglang HEAD and edits, unit."""
-    from gpufleet import cli_rollback
+    from gpufleet.cli import rollback as rollback_cmd
 
-    _exit(cli_rollback.rollback_hosts(inventory, stack, host, hosts, snapshot, dry_run, json, accept_new_host_keys))
+    _exit(rollback_cmd.rollback_hosts(inventory, stack, host, hosts, snapshot, dry_run, json, accept_new_host_keys))
 
 
 @fleet_task(name="probe-backends", help={
@@ -132,9 +134,9 @@ def probe_backends(c, host=None, hosts=None, inventory=None, stack=None, json=Fa
 
     The production server is stopped meanwhile and put back (or, with --apply, redeployed with the fastest
     correct set); hosts are probed one after another under their host lock. Exit 1 when no set was correct."""
-    from gpufleet import cli_probe
+    from gpufleet.cli import probe as probe_cmd
 
-    _exit(cli_probe.probe_backends(inventory, stack, host, hosts, apply, dry_run, json, hf_token_file,
+    _exit(probe_cmd.probe_backends(inventory, stack, host, hosts, apply, dry_run, json, hf_token_file,
                                    accept_new_host_keys))
 
 

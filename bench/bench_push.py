@@ -85,11 +85,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import paramiko  # noqa: E402
 
-from gpufleet.command import Cmd  # noqa: E402
-from gpufleet.fetch import sha256_of  # noqa: E402
-from gpufleet.inventory import load_inventory  # noqa: E402
-from gpufleet.push import PushItem, openssh_argv, push_files  # noqa: E402
-from gpufleet.runner import session_for  # noqa: E402
+from gpufleet.engine.command import Cmd  # noqa: E402
+from gpufleet.wheels.fetch import sha256_of  # noqa: E402
+from gpufleet.config.inventory import load_inventory  # noqa: E402
+from gpufleet.wheels.push import PushItem, openssh_argv, push_files  # noqa: E402
+from gpufleet.engine.runner import session_for  # noqa: E402
 from gpufleet.sim.fleet import SimFleet  # noqa: E402
 
 REMOTE = "/root/bench-push"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpufleet.gather import gather_facts  # noqa: E402
-from gpufleet.inventory import load_inventory  # noqa: E402
-from gpufleet.runner import for_each_host  # noqa: E402
+from gpufleet.facts.gather import gather_facts  # noqa: E402
+from gpufleet.config.inventory import load_inventory  # noqa: E402
+from gpufleet.engine.runner import for_each_host  # noqa: E402
 from gpufleet.sim.fleet import SimFleet  # noqa: E402
 
 # What an engineer types to learn the same facts, one command at a time.

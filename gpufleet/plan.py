@@ -6,16 +6,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol, Union
 
-from gpufleet.command import Cmd, Raw
+from gpufleet.engine.command import Cmd, Raw
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.checkout import redact_url
 
 if TYPE_CHECKING:
     from gpufleet.facts.model import HostFacts
-    from gpufleet.inventory import Host
-    from gpufleet.lock import FleetLock
-    from gpufleet.ssh import Result
-    from gpufleet.stack import Stack
+    from gpufleet.config.inventory import Host
+    from gpufleet.config.lock import FleetLock
+    from gpufleet.engine.ssh import Result
+    from gpufleet.config.stack import Stack
 
 
 @dataclass(frozen=True)
@@ -65,17 +65,17 @@ class Unchanged:
 
 
 PlanItem = Union[Step, Unchanged]
-Probe = Callable[[Cmd, str], "Result"]
+RemoteRead = Callable[[Cmd, str], "Result"]
 
 
 @dataclass
 class PlanContext:
-    """What a role plans from: the host, its effective stack, its facts, a read-only remote probe, the local repo."""
+    """What a role plans from: the host, its effective stack, its facts, a read-only remote read, the local repo."""
 
     host: Host
     stack: Stack
     facts: HostFacts
-    probe: Probe | None  # read-only remote command at plan time (None in unit tests)
+    read: RemoteRead | None  # read-only remote command at plan time (None in unit tests)
     repo: Path
     resolver: Callable[[], str] | None = None  # puts gpufleet's pinned pip wheel on the host; returns its path
     lock: "FleetLock | None" = None  # a recorded fleet lock the host must converge to

@@ -1,6 +1,6 @@
 """The roles, in the order the engine plans and applies them; each is a module with `name` and `plan(ctx)`."""
 
-from roles import flashinfer, locked_packages, sgl_kernel, sglang_checkout, torch, verify
+from gpufleet.roles import flashinfer, locked_packages, sgl_kernel, sglang_checkout, torch, verify
 
 ROLES = [
     torch,

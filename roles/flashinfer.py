@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from gpufleet.command import Cmd
-from gpufleet.fetch import wheel_filename
+from gpufleet.engine.command import Cmd
+from gpufleet.wheels.fetch import wheel_filename
 from gpufleet.plan import PlanContext, Step, Unchanged, Upload
-from gpufleet.status import versions_match
-from roles.pip import (WHEEL_DIR, installed_packages, needs_versions, normalized, pushed_install, venv_python,
+from gpufleet.fleet.status import versions_match
+from gpufleet.roles.pip import (WHEEL_DIR, installed_packages, needs_versions, normalized, pushed_install, venv_python,
                        wanted_by)
 
 name = "flashinfer"
@@ -128,9 +128,9 @@ def plan(ctx: PlanContext) -> list[Step | Unchanged]:
     installed = (f"flashinfer-python and flashinfer-cubin {want['flashinfer-python']}, flashinfer-jit-cache "
                  f"{want['flashinfer-jit-cache']} already installed")
     items: list[Step | Unchanged] = [Unchanged(name, installed)]
-    if ctx.probe is None:
+    if ctx.read is None:
         items.append(Unchanged(name, "JIT cache not looked at (no probe); it is cleared whenever flashinfer changes"))
-    elif ctx.probe(stale_cache_cmd(ctx), "stale JIT cache?").exit_code == 0:
+    elif ctx.read(stale_cache_cmd(ctx), "stale JIT cache?").exit_code == 0:
         items.append(clear_cache_step(ctx, "the JIT cache holds entries older than the installed flashinfer "
                                            "(left by an earlier version)"))
     else:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from gpufleet.plan import PlanContext, Step, Unchanged
-from gpufleet.status import versions_match
-from gpufleet.wheelset import canonical
-from roles.pip import installed_packages, needs_versions, pushed_install
+from gpufleet.fleet.status import versions_match
+from gpufleet.wheels.wheelset import canonical
+from gpufleet.roles.pip import installed_packages, needs_versions, pushed_install
 
 name = "locked-packages"
 

@@ -12,9 +12,9 @@ from typing import Iterable, Mapping
 
 import jinja2
 
-from gpufleet import modelfiles
-from gpufleet.buildcache import installed_record
-from gpufleet.command import Cmd, Secret
+from gpufleet.fleet import modelfiles
+from gpufleet.kernel.buildcache import installed_record
+from gpufleet.engine.command import Cmd, Secret
 from gpufleet.facts.script import unit_name
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
 
@@ -280,13 +280,13 @@ class ModelServer:
 
     def plan(self, ctx: PlanContext) -> list[Step | Unchanged]:
         """Model files, then unit, env file, enable, and one restart at the end if anything notified it."""
-        if ctx.probe is None:
+        if ctx.read is None:
             raise PlanError(ctx.host.name, name, "needs a remote probe to read the unit and the model files")
         host, unit = ctx.host, unit_name(ctx.host.service)
         items: list[Step | Unchanged] = [self._model_files(ctx)]
         if ctx.facts.unit is not None and not ctx.facts.unit.systemd:
             raise PlanError(host.name, name, "systemd is not running on the host (the server runs as a systemd unit)")
-        probe = ctx.probe(Cmd.of("bash", "-c", _STATE_PROBE, "state", unit_path(host), env_path(host),
+        probe = ctx.read(Cmd.of("bash", "-c", _STATE_PROBE, "state", unit_path(host), env_path(host),
                                  record_path(host), installed_record(host.venv), unit), "model-server state")
         try:
             state = parse_state(probe.output)
@@ -326,7 +326,7 @@ class ModelServer:
     def _model_files(self, ctx: PlanContext) -> Step | Unchanged:
         host = ctx.host
         python = f"{host.venv}/bin/python"
-        result = ctx.probe(modelfiles.check_cmd(host.model_path, python), "model files")
+        result = ctx.read(modelfiles.check_cmd(host.model_path, python), "model files")
         report = modelfiles.parse_report(result.output, host.name)
         if report.ok:
             return Unchanged(name, f"model files complete in {host.model_path}: {report.summary()}")
@@ -373,7 +373,7 @@ class ModelServer:
         return Step(role=name, title=f"{'restart' if started else 'start'} {unit}", reason="; ".join(reasons),
                     commands=(Cmd.of("bash", "-c", body, "restart", unit, record_path(ctx.host),
                                      json.dumps(record, sort_keys=True)),),
-                    # No is-active check here: it races a crashing server; gpufleet.health.Gate is the verification.
+                    # No is-active check here: it races a crashing server; gpufleet.fleet.health.Gate is the verification.
                     changes=("service",))
 
 

@@ -9,7 +9,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.command import Cmd, script
+from gpufleet.engine.command import Cmd, script
 from gpufleet.errors import ConfigError
 from gpufleet.facts.script import KERNEL_DIRS
 

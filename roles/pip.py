@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from packaging.version import InvalidVersion, Version
 
-from gpufleet.command import Cmd, Part, Secret
+from gpufleet.engine.command import Cmd, Part, Secret
 from gpufleet.plan import PlanContext, PlanError, Upload
 
 # The stack alone names package sources: a host's pip.conf (extra indexes, constraints, find-links) would
@@ -133,12 +133,12 @@ def resolve_cmd(ctx: PlanContext, pip_wheel: str, requirements: list[str], index
 
 def resolve_on_host(ctx: PlanContext, role: str, requirements: list[str], index: list[Part]):
     """What installing `requirements` would add or change in the host's venv, as pip on the host resolves it."""
-    from gpufleet.wheelset import ReportError, parse_report
+    from gpufleet.wheels.wheelset import ReportError, parse_report
 
-    if ctx.probe is None:
+    if ctx.read is None:
         raise PlanError(ctx.host.name, role, "cannot resolve without a connection to the host")
     pip_wheel = resolver_pip(ctx, role).remote
-    result = ctx.probe(resolve_cmd(ctx, pip_wheel, requirements, index), f"{role}: resolve {' '.join(requirements)}")
+    result = ctx.read(resolve_cmd(ctx, pip_wheel, requirements, index), f"{role}: resolve {' '.join(requirements)}")
     if result.exit_code != 0:
         raise PlanError(ctx.host.name, role, f"pip on the host cannot resolve {' '.join(requirements)} "
                                              f"(exit {result.exit_code}):\n{result.tail()}")

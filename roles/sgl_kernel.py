@@ -14,12 +14,15 @@ from importlib import resources
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from gpufleet import buildcache, cmake, detached, sources
-from gpufleet.buildcache import BuildInputs, LocalCache
-from gpufleet.command import Cmd, script
+from gpufleet.kernel import buildcache
+from gpufleet.kernel import cmake
+from gpufleet.engine import detached
+from gpufleet.kernel import sources
+from gpufleet.kernel.buildcache import BuildInputs, LocalCache
+from gpufleet.engine.command import Cmd, script
 from gpufleet.facts.script import KERNEL_DIRS
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged, Upload
-from roles import pip
+from gpufleet.roles import pip
 
 name = "sgl-kernel"
 FP4_OPS = ("cutlass_scaled_fp4_mm", "scaled_fp4_quant", "scaled_fp4_experts_quant", "cutlass_fp4_group_mm")
@@ -123,13 +126,13 @@ def _patch_dir(ctx: PlanContext) -> Path:
     return p if p.is_absolute() else ctx.repo / p
 
 
-def _probe(ctx: PlanContext, key_hint: str = "", full: bool = False) -> dict[str, str]:
-    if ctx.probe is None:
+def _read_tree(ctx: PlanContext, key_hint: str = "", full: bool = False) -> dict[str, str]:
+    if ctx.read is None:
         raise PlanError(ctx.host.name, name, "needs a remote probe to read the checkout's sgl-kernel tree")
     text = _PROBE.format(checkout=shlex.quote(ctx.host.sglang_checkout), dirs=" ".join(KERNEL_DIRS),
                          full="1" if full else "", installed=buildcache.installed_record(ctx.host.venv),
                          builds=detached.BUILDS_DIR, key=key_hint or "none")
-    return _sections(ctx.probe(script(text), "sgl-kernel build state").output)
+    return _sections(ctx.read(script(text), "sgl-kernel build state").output)
 
 
 def read_source(ctx: PlanContext, found: dict[str, str]) -> Source:
@@ -149,10 +152,10 @@ def read_source(ctx: PlanContext, found: dict[str, str]) -> Source:
 def plan(ctx: PlanContext, cache: LocalCache | None = None) -> list:
     """Unchanged when the installed wheel has the current key; else install a wheel with that key, or build one."""
     cache = cache or LocalCache()
-    source = read_source(ctx, _probe(ctx, full=True))
+    source = read_source(ctx, _read_tree(ctx, full=True))
     built = inputs(ctx, source.tree)
     key = built.key()
-    state = _probe(ctx, key)
+    state = _read_tree(ctx, key)
     installed = buildcache.Record.from_json(state.get("installed", "").strip() or "null")
     on_host = buildcache.Record.from_json(state.get("record", "").strip() or "null")
     version = next((v for v in map(lambda n: _package(ctx.facts, n), KERNEL_NAMES) if v), None)

@@ -8,10 +8,10 @@ import shlex
 from dataclasses import replace
 from urllib.parse import urlsplit
 
-from gpufleet.command import Cmd, script
+from gpufleet.engine.command import Cmd, script
 from gpufleet.facts.checkout import redact_url
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
-from roles import patches as series_mod
+from gpufleet.roles import patches as series_mod
 
 name = "sglang-checkout"
 BACKUPS = "/var/lib/gpufleet/backups"
@@ -226,9 +226,9 @@ def normalise_remote(url: str) -> str:
 
 def _target(ctx: PlanContext, checkout: str, branch: str) -> tuple[str, bool]:
     """(upstream sha or "" when not probed, whether HEAD already contains it)."""
-    if ctx.probe is None:
+    if ctx.read is None:
         return "", False
-    result = ctx.probe(probe_command(checkout, branch), "probe upstream sglang")
+    result = ctx.read(probe_command(checkout, branch), "probe upstream sglang")
     values = dict(line.split("=", 1) for line in result.output.splitlines() if "=" in line)
     sha = values.get("remote", "")
     if result.exit_code != 0 or not re.fullmatch(r"[0-9a-f]{40}", sha):
@@ -289,10 +289,10 @@ def patch_status(ctx: PlanContext, series, target: str = "") -> "series_mod.Host
     """Each patch judged on the checkout and on upstream's branch, or on `target` (a pinned commit): one read-only
     probe; None without a probe."""
     series = [series] if isinstance(series, series_mod.Series) else [s for s in series if s.patches]
-    if not any(s.patches for s in series) or ctx.probe is None:
+    if not any(s.patches for s in series) or ctx.read is None:
         return None
     cmd = series_mod.status_command(ctx.host.sglang_checkout, ctx.stack.sglang.branch, series, target=target)
-    return series_mod.decide(ctx.host.name, ctx.probe(cmd, "probe sglang patches").output, series)
+    return series_mod.decide(ctx.host.name, ctx.read(cmd, "probe sglang patches").output, series)
 
 
 def refuse_target(ctx: PlanContext, found, target: str) -> None:

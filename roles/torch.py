@@ -1,4 +1,4 @@
-"""torch role: the exact nightly from its index in the host's venv, then TORCH_PROBE on the host must agree."""
+"""torch role: the exact nightly from its index in the host's venv, then TORCH_REPORT on the host must agree."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ import json
 import re
 from urllib.parse import urlsplit
 
-from gpufleet.command import Cmd
-from gpufleet.facts.probe import TORCH_PROBE
+from gpufleet.engine.command import Cmd
+from gpufleet.facts.torch_report import TORCH_REPORT
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
-from gpufleet.status import versions_match
-from roles.pip import installed_packages, needs_versions, normalized, pushed_install, venv_python, wanted_by
+from gpufleet.fleet.status import versions_match
+from gpufleet.roles.pip import installed_packages, needs_versions, normalized, pushed_install, venv_python, wanted_by
 
 name = "torch"
 
-# Appended to TORCH_PROBE (which leaves its report in `r`): compare with the expectations in argv[1].
+# Appended to TORCH_REPORT (which leaves its report in `r`): compare with the expectations in argv[1].
 TORCH_PROBLEMS = r'''
 import sys
 def torch_problems(r, want):
@@ -77,8 +77,8 @@ def expectations(ctx: PlanContext) -> dict:
 
 
 def check_cmd(ctx: PlanContext) -> Cmd:
-    """TORCH_PROBE in the venv, then a comparison that names whatever differs (exit 1)."""
-    code = TORCH_PROBE + TORCH_PROBLEMS + _CHECK_MAIN
+    """TORCH_REPORT in the venv, then a comparison that names whatever differs (exit 1)."""
+    code = TORCH_REPORT + TORCH_PROBLEMS + _CHECK_MAIN
     return Cmd.of(venv_python(ctx), "-c", code, json.dumps(expectations(ctx), sort_keys=True), cwd="/")
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from gpufleet.command import Cmd
-from gpufleet.facts.probe import TORCH_PROBE
+from gpufleet.engine.command import Cmd
+from gpufleet.facts.torch_report import TORCH_REPORT
 from gpufleet.plan import PlanContext, Step, Unchanged
-from roles import flashinfer, torch
-from roles.pip import venv_python
+from gpufleet.roles import flashinfer, torch
+from gpufleet.roles.pip import venv_python
 
 name = "verify"
 FP4_OPS = ("cutlass_scaled_fp4_mm", "scaled_fp4_quant", "scaled_fp4_experts_quant", "cutlass_fp4_group_mm")
@@ -81,7 +81,7 @@ print("%s (CUDA %s, cc %d.%d, %s), %s, %s with FP4 ops import together" % (
 def expectations(ctx: PlanContext) -> dict:
     # torch's version is checked by torch_problems (torch.__version__), the others by their metadata
     return {"packages": flashinfer.targets(ctx.stack), "torch": torch.expectations(ctx), "fp4_ops": list(FP4_OPS),
-            "probe": TORCH_PROBE}
+            "probe": TORCH_REPORT}
 
 
 def check_cmd(ctx: PlanContext) -> Cmd:
@@ -98,10 +98,10 @@ def problems_in(output: str) -> list[str]:
 def plan(ctx: PlanContext) -> list[Step | Unchanged]:
     """Unchanged when the check passes now; else a check-only step (after the changes above, in a real run)."""
     cmd = check_cmd(ctx)
-    if ctx.probe is None:
+    if ctx.read is None:
         reason = "check the whole stack once the roles above are done"
     else:
-        result = ctx.probe(cmd, "verify the stack")
+        result = ctx.read(cmd, "verify the stack")
         if result.exit_code == 0:
             return [Unchanged(name, result.output.strip().splitlines()[-1])]
         reason = "now: " + "; ".join(problems_in(result.output))

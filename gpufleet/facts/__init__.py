@@ -9,7 +9,7 @@ from gpufleet.facts.model import HostFacts
 from gpufleet.facts.packages import (STACK_PACKAGES, normalize_name, parse_pip_editables, parse_pip_freeze,
                                      parse_pip_list_json, stack_versions)
 from gpufleet.facts.parse import parse_facts
-from gpufleet.facts.probe import TORCH_PROBE, TorchReport, parse_torch_report
+from gpufleet.facts.torch_report import TORCH_REPORT, TorchReport, parse_torch_report
 from gpufleet.facts.script import GPU_QUERY_FIELDS, SECTIONS, facts_script, unit_name
 from gpufleet.facts.sections import MARKER, Section, parse_sections, script_note
 from gpufleet.facts.system import (DiskFree, Memory, OsFacts, parse_cpu_count, parse_disks, parse_mem, parse_nvcc,
@@ -18,7 +18,7 @@ from gpufleet.facts.unit import UnitFacts, parse_unit
 
 __all__ = [
     "CheckoutFacts", "DiskFree", "GPU_QUERY_FIELDS", "Gpu", "GpuFacts", "GpuListing", "HostFacts", "MARKER", "Memory",
-    "OsFacts", "SECTIONS", "STACK_PACKAGES", "SUMMARY_QUERY_FIELDS", "Section", "SmiVersions", "TORCH_PROBE",
+    "OsFacts", "SECTIONS", "STACK_PACKAGES", "SUMMARY_QUERY_FIELDS", "Section", "SmiVersions", "TORCH_REPORT",
     "TorchReport", "UnitFacts", "facts_script", "gpu_facts", "gpu_problems", "normalize_name", "parse_checkout",
     "parse_cpu_count", "parse_disks", "parse_facts", "parse_gpu_query", "parse_mem", "parse_nvcc", "parse_os",
     "parse_pip_editables", "parse_pip_freeze", "parse_pip_list_json", "parse_python_version", "parse_query_gpu_csv",

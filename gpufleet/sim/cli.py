@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet import render
-from gpufleet.cli import DEFAULT_INVENTORY, REPO
+from gpufleet.cli import render
+from gpufleet.cli.common import DEFAULT_INVENTORY, REPO
 from gpufleet.sim.fleet import SimFleet
 
 

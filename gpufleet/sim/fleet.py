@@ -532,7 +532,7 @@ def _source_hash() -> str:
 def _fetch_build_tools(dest: Path) -> None:
     """Real wheels of the build tools a host needs offline (editable installs, the sgl-kernel build), and the pip
     gpufleet fetches from the stack's index to resolve and install on hosts."""
-    from gpufleet.apply import RESOLVER_PIP
+    from gpufleet.fleet.executor import RESOLVER_PIP
 
     cmd = [os.sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--dest", str(dest),
            "wheel", "setuptools", "scikit-build-core", "packaging", "pathspec", f"pip=={RESOLVER_PIP}",

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.apply import Upgrade
-from gpufleet.hoststate import RunInfo
-from gpufleet.inventory import load_inventory
+from gpufleet.fleet.executor import Executor
+from gpufleet.fleet.hoststate import RunInfo
+from gpufleet.config.inventory import load_inventory
 from gpufleet.plan import Step, Unchanged
-from gpufleet.runner import for_each_host
+from gpufleet.engine.runner import for_each_host
 from gpufleet.sim import upstream as up
-from gpufleet.stack import host_stacks, load_stack
-from roles import sglang_checkout
+from gpufleet.config.stack import host_stacks, load_stack
+from gpufleet.roles import sglang_checkout
 from tests.sim.helpers import REPO
 
 pytestmark = pytest.mark.sim
@@ -52,7 +52,7 @@ def run_role(fleet, dry_run: bool = False, patches: Path | None = None):
     if patches is not None:  # another patch series (an empty one: local edits of the operator's own)
         stack = stack.model_copy(update={"sglang": stack.sglang.model_copy(update={"patches": patches}),
                                          "sgl_kernel": stack.sgl_kernel.model_copy(update={"patches": patches})})
-    upgrade = Upgrade(roles=[sglang_checkout], run=RunInfo.current("pytest test_checkout"), repo=REPO,
+    upgrade = Executor(roles=[sglang_checkout], run=RunInfo.current("pytest test_checkout"), repo=REPO,
                       dry_run=dry_run, say=lambda line: None)
     [outcome] = for_each_host(chosen, inv, lambda session: upgrade.host(session, stack))
     assert outcome.ok, outcome.error

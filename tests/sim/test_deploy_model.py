@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.inventory import load_inventory
-from gpufleet.stack import host_stacks, load_stack
-from roles.model_server import exec_args
+from gpufleet.config.inventory import load_inventory
+from gpufleet.config.stack import host_stacks, load_stack
+from gpufleet.roles.model_server import exec_args
 from tests.sim.helpers import REPO, inv, inv_json, write_inventory
 
 pytestmark = pytest.mark.sim

@@ -12,11 +12,11 @@ import uuid
 
 import pytest
 
-from gpufleet import detached
-from gpufleet.buildcache import record_path
-from gpufleet.command import Cmd
-from gpufleet.inventory import load_inventory
-from gpufleet.runner import session_for
+from gpufleet.engine import detached
+from gpufleet.kernel.buildcache import record_path
+from gpufleet.engine.command import Cmd
+from gpufleet.config.inventory import load_inventory
+from gpufleet.engine.runner import session_for
 from gpufleet.sim import upstream as up
 
 pytestmark = pytest.mark.sim

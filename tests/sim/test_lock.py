@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import lock
-from gpufleet.fetch import sha256_of
+from gpufleet.config import lock
+from gpufleet.wheels.fetch import sha256_of
 from gpufleet.sim import wheels
 from gpufleet.sim.fleet import CHECKOUT
-from gpufleet.wheelset import canonical
+from gpufleet.wheels.wheelset import canonical
 from tests.sim.helpers import inv, inv_json, write_inventory
 from tests.sim.test_upgrade import assert_wheels_fetched_once_by_the_control_node, index_log_size
 

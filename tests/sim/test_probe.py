@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.inventory import load_inventory
-from gpufleet.stack import host_stacks, load_stack
-from roles.model_server import exec_args
+from gpufleet.config.inventory import load_inventory
+from gpufleet.config.stack import host_stacks, load_stack
+from gpufleet.roles.model_server import exec_args
 from tests.sim.helpers import REPO, inv_json, write_inventory
 
 pytestmark = pytest.mark.sim

@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from gpufleet import push
-from gpufleet.inventory import load_inventory
-from gpufleet.push import PushError, PushItem, push_files
-from gpufleet.runner import session_for
+from gpufleet.wheels import push
+from gpufleet.config.inventory import load_inventory
+from gpufleet.wheels.push import PushError, PushItem, push_files
+from gpufleet.engine.runner import session_for
 
 pytestmark = pytest.mark.sim
 

@@ -154,9 +154,9 @@ def test_host_behind_a_jump_host(sim_fleet, tmp_path):
 
 
 def test_one_connection_per_host_for_a_run(sim_fleet, tmp_path):
-    from gpufleet.command import Cmd
-    from gpufleet.inventory import load_inventory
-    from gpufleet.runner import session_for
+    from gpufleet.engine.command import Cmd
+    from gpufleet.config.inventory import load_inventory
+    from gpufleet.engine.runner import session_for
 
     inv_ = load_inventory(sim_fleet.inventory_path)
     session = session_for(inv_.hosts["gpu1"], inv_)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.buildcache import installed_record
+from gpufleet.kernel.buildcache import installed_record
 from gpufleet.sim import upstream, wheels
 from tests.sim.helpers import REPO, inv, inv_json, write_inventory
 
@@ -292,7 +292,7 @@ def test_jit_cache_by_url_fetched_once_and_gpu1_build_installed_elsewhere(fleet,
     text = path.read_text()
     by_index = f'[defaults.stack.flashinfer.jit_cache]\nindex_url = "{fleet.index_url}"'
     assert by_index in text
-    from gpufleet.fetch import sha256_of
+    from gpufleet.wheels.fetch import sha256_of
     path.write_text(text.replace(by_index, f'[defaults.stack.flashinfer.jit_cache]\nurl = "{url}"\n'
                                            f'sha256 = "{sha256_of(wheel)}"'))
     log = fleet.logs / "index.log"

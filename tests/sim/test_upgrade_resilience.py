@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.buildcache import installed_record
+from gpufleet.kernel.buildcache import installed_record
 from tests.sim.helpers import REPO, inv_json, write_inventory
 
 pytestmark = pytest.mark.sim

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from gpufleet.plan import Upload
-from gpufleet.ssh import Result
-from gpufleet.wheelset import REPORT_MARK
+from gpufleet.engine.ssh import Result
+from gpufleet.wheels.wheelset import REPORT_MARK
 
 PIP_WHEEL = "/var/cache/gpufleet/tools/pip-26.3-py3-none-any.whl"
 RESOLVER = Upload("file:///cache/tools/pip-26.3-py3-none-any.whl", "f" * 64, PIP_WHEEL, "pip", "26.3")

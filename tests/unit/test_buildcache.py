@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpufleet.buildcache import BuildInputs, LocalCache, Record, patches_digest, series_names
+from gpufleet.kernel.buildcache import BuildInputs, LocalCache, Record, patches_digest, series_names
 
 BASE = BuildInputs(torch="2.12.0.dev20260307+cu130", cuda="13.0", arch="12.0a", source_tree="a" * 40,
                    patches="p" * 64, fp4=True, extra_cmake_args=(), compile_threads=1)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet import cmake, sources
+from gpufleet.kernel import cmake
+from gpufleet.kernel import sources
 
 UPSTREAM_SHAPE = r'''cmake_minimum_required(VERSION 3.26 FATAL_ERROR)
 project(sgl-kernel LANGUAGES CXX CUDA)

@@ -1,6 +1,6 @@
 """Commands as data: exact rendering, quoting in one place, secrets masked everywhere they are shown."""
 
-from gpufleet.command import MASK, Cmd, Raw, Secret, mask
+from gpufleet.engine.command import MASK, Cmd, Raw, Secret, mask
 from gpufleet.errors import RemoteCommandError
 
 

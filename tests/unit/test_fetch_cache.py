@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.fetch import FetchError, WheelCache, fetch_pip_wheel, sha256_of
+from gpufleet.wheels.fetch import FetchError, WheelCache, fetch_pip_wheel, sha256_of
 
 BODY = b"pretend this is a wheel from an index without hashes"
 SHA = hashlib.sha256(BODY).hexdigest()

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import paramiko
 import pytest
 
-from gpufleet import health
-from gpufleet.health import Gate, HealthError, HttpError, HttpResponse, parse_response
-from gpufleet.inventory import Host
-from gpufleet.ssh import Result
-from gpufleet.stack import Stack, stack_for_host
+from gpufleet.fleet import health
+from gpufleet.fleet.health import Gate, HealthError, HttpError, HttpResponse, parse_response
+from gpufleet.config.inventory import Host
+from gpufleet.engine.ssh import Result
+from gpufleet.config.stack import Stack, stack_for_host
 
 
 # ---- HTTP ---------------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.errors import ConfigError
-from gpufleet.inventory import Host, Inventory, Settings, load_inventory, select_hosts
+from gpufleet.config.inventory import Host, Inventory, Settings, load_inventory, select_hosts
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import lock
-from gpufleet.buildcache import patches_digest
+from gpufleet.config import lock
+from gpufleet.kernel.buildcache import patches_digest
 from gpufleet.errors import ConfigError
-from gpufleet.lock import FleetLock, LockKernel, LockMeta, LockSglang, LockWheel
-from gpufleet.stack import Stack, load_stack
+from gpufleet.config.lock import FleetLock, LockKernel, LockMeta, LockSglang, LockWheel
+from gpufleet.config.stack import Stack, load_stack
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 SG_PATCHES = "a" * 64
@@ -371,7 +371,7 @@ def test_a_series_that_lists_another_patch_is_refused(site: Stack) -> None:
 def rendered(found: FleetLock, rows) -> str:
     from rich.console import Console
 
-    from gpufleet.cli_lock import table
+    from gpufleet.cli.lock_status import table
 
     console = Console(record=True, width=200)
     console.print(table(found, rows))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import modelfiles
+from gpufleet.fleet import modelfiles
 from gpufleet.errors import FactError
 
 SHARDS = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
@@ -94,7 +94,7 @@ def test_parse_report_needs_the_marker_line():
 
 
 def test_download_command_masks_the_token():
-    from gpufleet.command import Secret
+    from gpufleet.engine.command import Secret
 
     cmd = modelfiles.download_cmd("org/m", "/models/m", "/root/venv", {"HF_TOKEN": Secret("hf_zzz")})
     assert "hf_zzz" not in cmd.display() and "HF_TOKEN=hf_zzz" in cmd.render()

@@ -1,6 +1,6 @@
 """Host-prefixed output: whole lines only, even when chunks split lines."""
 
-from gpufleet.output import HostLines
+from gpufleet.engine.output import HostLines
 
 
 def test_chunks_become_whole_prefixed_lines():

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.command import Cmd
+from gpufleet.engine.command import Cmd
 from gpufleet.errors import ConfigError
 from gpufleet.sim import upstream as up
-from gpufleet.stack import Stack
-from roles import patches as pm
+from gpufleet.config.stack import Stack
+from gpufleet.roles import patches as pm
 
 REPO = Path(__file__).resolve().parents[2]
 TREE = up.TREE

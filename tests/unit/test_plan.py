@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpufleet.command import Cmd, Secret
+from gpufleet.engine.command import Cmd, Secret
 from gpufleet.errors import GpufleetError
 from gpufleet.plan import PlanError, Step, Unchanged, Upload, brief
 
@@ -39,7 +39,7 @@ def test_plan_error_names_host_and_role():
 
 
 def test_roles_run_in_the_order_of_the_manual_procedure():
-    from roles import ROLES
+    from gpufleet.roles import ROLES
 
     assert [r.name for r in ROLES] == ["torch", "flashinfer", "locked-packages", "sglang-checkout", "sgl-kernel", "verify"]
     assert all(callable(r.plan) for r in ROLES)

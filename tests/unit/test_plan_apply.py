@@ -7,16 +7,16 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from gpufleet.apply import Upgrade
-from gpufleet.command import Cmd
+from gpufleet.fleet.executor import Executor
+from gpufleet.engine.command import Cmd
 from gpufleet.errors import RemoteCommandError
 from gpufleet.facts.model import HostFacts
-from gpufleet.fetch import WheelCache
-from gpufleet.hoststate import RunInfo
-from gpufleet.inventory import Host
+from gpufleet.wheels.fetch import WheelCache
+from gpufleet.fleet.hoststate import RunInfo
+from gpufleet.config.inventory import Host
 from gpufleet.plan import PlanError, Step, Unchanged, Upload
-from gpufleet.ssh import Result
-from gpufleet.stack import Stack
+from gpufleet.engine.ssh import Result
+from gpufleet.config.stack import Stack
 
 RUN = RunInfo("alice", "laptop", 42, "2026-12-02T10:00:00Z", "inv upgrade --host gpu1", token="t0k")
 
@@ -67,14 +67,14 @@ def step(title, **kw) -> Step:
     return Step(**{**defaults, **kw})
 
 
-def upgrade(roles, dry_run=False, **kw) -> tuple[Upgrade, list[str], list[int]]:
+def upgrade(roles, dry_run=False, **kw) -> tuple[Executor, list[str], list[int]]:
     lines: list[str] = []
     reads = [0]
 
     def read_facts(session):
         reads[0] += 1
         return HostFacts(host=f"facts#{reads[0]}")
-    return Upgrade(roles=roles, run=RUN, repo=Path("."), dry_run=dry_run, say=lines.append, read_facts=read_facts,
+    return Executor(roles=roles, run=RUN, repo=Path("."), dry_run=dry_run, say=lines.append, read_facts=read_facts,
                    **kw), lines, reads
 
 
@@ -202,7 +202,7 @@ def test_upload_skips_a_wheel_already_on_the_host_and_pushes_a_missing_one(tmp_p
     sha = hashlib.sha256(b"wheel").hexdigest()
     up_item = Upload(wheel.as_uri(), sha, "/var/cache/gpufleet/wheels/w-1.0-py3-none-any.whl", "w", "1.0")
     s = step("one", uploads=(up_item,))
-    pushed = mocker.patch("gpufleet.push.push_files")
+    pushed = mocker.patch("gpufleet.wheels.push.push_files")
     upgrade_run, _, _ = upgrade([role("a", [s])], wheels=WheelCache(tmp_path / "cache"))
     session = FakeSession({"one: which wheels are on the host?": (0, "@@push 0 present\n")})
     report = upgrade_run.host(session, Stack())
@@ -224,7 +224,7 @@ def test_a_wheel_without_a_published_hash_is_hashed_by_the_control_node(tmp_path
     wheel = tmp_path / "w-1.0-py3-none-any.whl"
     wheel.write_bytes(b"wheel")
     up_item = Upload(wheel.as_uri(), None, "/var/cache/gpufleet/wheels/w-1.0-py3-none-any.whl", "w", "1.0")
-    pushed = mocker.patch("gpufleet.push.push_files")
+    pushed = mocker.patch("gpufleet.wheels.push.push_files")
     upgrade_run, _, _ = upgrade([role("a", [step("one", uploads=(up_item,))])],
                                 wheels=WheelCache(tmp_path / "cache"))
     session = FakeSession({"one: which wheels are on the host?": (0, "@@push 0 absent\n")})

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpufleet.fetch import FetchError, WheelCache, wheel_filename
+from gpufleet.wheels.fetch import FetchError, WheelCache, wheel_filename
 
 BODY = b"pretend this is a 2 GB wheel"
 SHA = hashlib.sha256(BODY).hexdigest()

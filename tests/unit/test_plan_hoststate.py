@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.hoststate import HostLockedError, RunInfo, acquire_lock, describe_holder
-from gpufleet.ssh import Result
+from gpufleet.fleet.hoststate import HostClaimedError, RunInfo, claim_host, describe_holder
+from gpufleet.engine.ssh import Result
 
 
 def test_holder_text_round_trips_into_a_description():
@@ -40,5 +40,5 @@ class _Session:
 
 
 def test_lock_held_names_the_holder():
-    with pytest.raises(HostLockedError, match=r"host gpu1 is locked by bob@ws \(pid 7\)"):
-        acquire_lock(_Session(3, "holder=bob@ws\npid=7\n"), RunInfo.current("inv upgrade"))
+    with pytest.raises(HostClaimedError, match=r"host gpu1 is locked by bob@ws \(pid 7\)"):
+        claim_host(_Session(3, "holder=bob@ws\npid=7\n"), RunInfo.current("inv upgrade"))

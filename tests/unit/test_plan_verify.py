@@ -8,19 +8,19 @@ import sys
 from pathlib import Path
 
 from gpufleet.facts.model import HostFacts
-from gpufleet.inventory import Host
+from gpufleet.config.inventory import Host
 from gpufleet.plan import PlanContext, Step, Unchanged
 from gpufleet.sim import wheels
-from gpufleet.ssh import Result
-from gpufleet.stack import Stack
-from roles import verify
+from gpufleet.engine.ssh import Result
+from gpufleet.config.stack import Stack
+from gpufleet.roles import verify
 
 TARGET = wheels.TARGET
 
 
 def ctx(probe=None) -> PlanContext:
     return PlanContext(host=Host(name="gpu1", address="10.0.0.1"), stack=Stack(),
-                       facts=HostFacts(host="gpu1", packages={}), probe=probe, repo=Path("."))
+                       facts=HostFacts(host="gpu1", packages={}), read=probe, repo=Path("."))
 
 
 def test_without_probe_a_check_step_is_planned():

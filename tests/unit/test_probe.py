@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from gpufleet.errors import ConfigError
-from gpufleet.inventory import Host
-from gpufleet.probe import (Candidate, Outcome, candidate_stack, candidates, choose, current_candidate,
+from gpufleet.config.inventory import Host
+from gpufleet.probe.candidates import (Candidate, Outcome, candidate_stack, candidates, choose, current_candidate,
                             failure_reason, judge, launch_argv, settings_changes, tokens_per_second)
-from gpufleet.stack import KnownAnswer, Stack, load_stack, stack_for_host
-from roles.model_server import exec_args
+from gpufleet.config.stack import KnownAnswer, Stack, load_stack, stack_for_host
+from gpufleet.roles.model_server import exec_args
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = Host(name="gpu1", address="10.0.0.1")

@@ -6,7 +6,7 @@ import pytest
 import tomllib
 
 from gpufleet.errors import ConfigError
-from gpufleet.probe_inventory import set_host_server_keys, write_host_server_keys
+from gpufleet.probe.inventory_write import set_host_server_keys, write_host_server_keys
 
 INVENTORY = """# the fleet (keep me)
 [settings]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from gpufleet import health, probe_remote
-from gpufleet.health import HttpResponse
-from gpufleet.inventory import Host
-from gpufleet.probe import Candidate
-from gpufleet.probe_remote import CandidateGate, HostProber, port_free_cmd, start_cmd, stop_cmd
-from gpufleet.ssh import Result
-from gpufleet.stack import Stack, stack_for_host
+from gpufleet.fleet import health
+from gpufleet.probe import on_host
+from gpufleet.fleet.health import HttpResponse
+from gpufleet.config.inventory import Host
+from gpufleet.probe.candidates import Candidate
+from gpufleet.probe.on_host import CandidateGate, HostProber, port_free_cmd, start_cmd, stop_cmd
+from gpufleet.engine.ssh import Result
+from gpufleet.config.stack import Stack, stack_for_host
 
 HOST = Host(name="gpu1", address="10.0.0.1")
 
@@ -99,4 +100,4 @@ def test_a_candidate_that_dies_is_recorded_with_its_journal_and_stopped(monkeypa
     out = HostProber(session, Stack(), Stack(), "tok").try_candidate(1, Candidate("a", "m", "f", None))
     assert out.outcome == "failed" and out.reason == "RuntimeError: boom"
     assert [s for s, _ in session.commands][-2:] == ["stop gpufleet-probe-tok-1.service", "port free"]
-    assert probe_remote.probe_unit("tok", 1) == "gpufleet-probe-tok-1.service"
+    assert on_host.probe_unit("tok", 1) == "gpufleet-probe-tok-1.service"

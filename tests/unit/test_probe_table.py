@@ -9,8 +9,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpufleet.probe import Candidate, Outcome
-from gpufleet.probe_table import candidates_table, outcomes_table
+from gpufleet.probe.candidates import Candidate, Outcome
+from gpufleet.probe.view import candidates_table, outcomes_table
 
 PAYLOAD = Path(__file__).resolve().parents[2] / "gpufleet/sim/payload/sglang/python"
 

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpufleet.inventory import Host, Settings
-from gpufleet.push import (OPENSSH_MIN_BYTES, PushError, PushItem, check_command, choose_method, openssh_argv,
+from gpufleet.config.inventory import Host, Settings
+from gpufleet.wheels.push import (OPENSSH_MIN_BYTES, PushError, PushItem, check_command, choose_method, openssh_argv,
                            parse_check, parse_receive, receive_command, validate, write_stream)
 
 SHA_A = "a" * 64
@@ -190,7 +190,7 @@ def test_large_pushes_go_over_openssh_small_ones_over_the_open_transport():
 
 
 def test_states_the_caller_already_read_spare_the_second_check(tmp_path, mocker):
-    from gpufleet import push
+    from gpufleet.wheels import push
 
     items = [_item(tmp_path, "a.whl", b"a"), _item(tmp_path, "b.whl", b"b")]
     session = SimpleNamespace(name="gpu1", alive=True, run=mocker.Mock(side_effect=AssertionError("no remote check")))

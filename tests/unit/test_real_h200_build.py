@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 
 import roles.sgl_kernel as sk
-from gpufleet import buildcache, detached
-from gpufleet.buildcache import BuildInputs, LocalCache, Record
-from gpufleet.command import Cmd
+from gpufleet.kernel import buildcache
+from gpufleet.engine import detached
+from gpufleet.kernel.buildcache import BuildInputs, LocalCache, Record
+from gpufleet.engine.command import Cmd
 from gpufleet.facts import parse_facts, parse_nvcc
-from gpufleet.inventory import load_inventory
+from gpufleet.config.inventory import load_inventory
 from gpufleet.plan import PlanContext, Step
-from gpufleet.stack import host_stacks, load_stack
+from gpufleet.config.stack import host_stacks, load_stack
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "real-h200-build"
 REPO = Path(__file__).resolve().parents[2]
@@ -106,7 +107,7 @@ def replan(tag: str, tmp_path: Path) -> tuple[Step, PlanContext]:
     answers[0] = (f"@@dir sgl-kernel\n{answers[0].splitlines()[0]}\n@@pyproject\n{(kernel / 'pyproject.toml').read_text()}"
                   f"\n@@cmake\n{(kernel / 'CMakeLists.txt').read_text()}\n" + "\n".join(answers[0].splitlines()[1:]))
     probe = _Probe(answers)
-    ctx = PlanContext(host=host, stack=stack, facts=facts, probe=probe, repo=REPO)
+    ctx = PlanContext(host=host, stack=stack, facts=facts, read=probe, repo=REPO)
     items = sk.plan(ctx, cache=LocalCache(tmp_path / "cache"))
     assert len(items) == 1 and isinstance(items[0], Step)
     return items[0], ctx
@@ -252,7 +253,7 @@ def test_wait_cmd_of_the_role_picks_up_the_finished_job():
     assert a["verify"] == ["sgl_kernel 0.0.1 torch 2.11.0+cu130 ok"]
 
 
-# --- the executor: Upgrade with the sgl-kernel role, sshd killed mid-build ----------------------------------------
+# --- the executor: Executor with the sgl-kernel role, sshd killed mid-build ----------------------------------------
 
 
 def test_upgrade_reattached_to_the_running_build_after_sshd_was_killed():

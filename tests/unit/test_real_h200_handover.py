@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpufleet.wheelset import parse_report
+from gpufleet.wheels.wheelset import parse_report
 
 HERE = Path(__file__).resolve().parents[1] / "fixtures" / "real-h200-handover"
 

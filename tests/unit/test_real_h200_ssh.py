@@ -2,7 +2,7 @@
 
 The fixtures in tests/fixtures/real-h200-ssh/ were captured on 2026-12-02 by scripts/real-gpu-check.sh on one
 NVIDIA H200 (driver 580.159.04, CUDA 13.0, Ubuntu 24.04.3, no systemd): `inv facts`/`inv status` and
-gather_facts + TORCH_PROBE through HostSession, against OpenSSH 9.6p1 on 127.0.0.1:2222. See its README.md.
+gather_facts + TORCH_REPORT through HostSession, against OpenSSH 9.6p1 on 127.0.0.1:2222. See its README.md.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 
 from gpufleet.facts import (SECTIONS, HostFacts, parse_facts, parse_gpu_query, parse_nvcc, parse_sections,
                             parse_smi_header, parse_smi_list, parse_torch_report)
-from gpufleet.inventory import GpuExpectation, load_inventory
-from gpufleet.stack import load_stack
-from gpufleet.status import compare, versions_match
+from gpufleet.config.inventory import GpuExpectation, load_inventory
+from gpufleet.config.stack import load_stack
+from gpufleet.fleet.status import compare, versions_match
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real-h200-ssh"
 REPO = Path(__file__).resolve().parents[2]

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from gpufleet.facts.model import HostFacts
-from gpufleet.inventory import Host
+from gpufleet.config.inventory import Host
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged, Upload
 from gpufleet.sim import wheels
-from gpufleet.ssh import Result
-from gpufleet.stack import FLASHINFER_CU130, PYPI, Stack, stack_for_host
-from roles import flashinfer
+from gpufleet.engine.ssh import Result
+from gpufleet.config.stack import FLASHINFER_CU130, PYPI, Stack, stack_for_host
+from gpufleet.roles import flashinfer
 from tests.unit.pipfakes import RESOLVER, report, resolving_probe
 
 OLD = {"flashinfer-python": "0.6.4", "flashinfer-cubin": "0.6.4", "flashinfer-jit-cache": "0.6.4+cu130",
@@ -28,7 +28,7 @@ JIT_URL = ("https://github.com/flashinfer-ai/flashinfer/releases/download/v0.6.5
 
 def ctx(packages=OLD, *, stack=None, probe=None) -> PlanContext:
     return PlanContext(host=Host(name="gpu1", address="10.0.0.1"), stack=stack or Stack(),
-                       facts=HostFacts(host="gpu1", packages=packages), probe=probe, repo=Path("."),
+                       facts=HostFacts(host="gpu1", packages=packages), read=probe, repo=Path("."),
                        resolver=lambda: RESOLVER)
 
 

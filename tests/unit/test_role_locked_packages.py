@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from gpufleet.facts.model import HostFacts
-from gpufleet.inventory import Host
-from gpufleet.lock import FleetLock, LockKernel, LockMeta, LockSglang, LockWheel
+from gpufleet.config.inventory import Host
+from gpufleet.config.lock import FleetLock, LockKernel, LockMeta, LockSglang, LockWheel
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged, Upload
-from gpufleet.stack import Stack
-from gpufleet.wheelset import WheelRef
-from roles import locked_packages
-from roles.pip import WHEEL_DIR, handed_over
+from gpufleet.config.stack import Stack
+from gpufleet.wheels.wheelset import WheelRef
+from gpufleet.roles import locked_packages
+from gpufleet.roles.pip import WHEEL_DIR, handed_over
 from tests.unit.pipfakes import PIP_WHEEL, RESOLVER, report, resolving_probe
 
 TORCH = "2.12.0.dev20260307+cu130"
@@ -35,7 +35,7 @@ def fleet_lock(packages=LOCKED, wheels=()) -> FleetLock:
 
 def ctx(packages, *, found: FleetLock | None = None, editables=None, probe=None) -> PlanContext:
     facts = HostFacts(host="gpu2", packages=packages, editables=editables)
-    return PlanContext(host=Host(name="gpu2", address="10.0.0.2"), stack=Stack(), facts=facts, probe=probe,
+    return PlanContext(host=Host(name="gpu2", address="10.0.0.2"), stack=Stack(), facts=facts, read=probe,
                        repo=Path("."), resolver=lambda: RESOLVER, lock=found)
 
 

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.command import MASK, Secret
+from gpufleet.engine.command import MASK, Secret
 from gpufleet.facts.checkout import CheckoutFacts
 from gpufleet.facts.model import HostFacts
 from gpufleet.facts.unit import UnitFacts
-from gpufleet.inventory import Host, load_inventory
-from gpufleet.modelfiles import MARKER
+from gpufleet.config.inventory import Host, load_inventory
+from gpufleet.fleet.modelfiles import MARKER
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
-from gpufleet.ssh import Result
-from gpufleet.stack import Stack, host_stacks, load_stack, stack_for_host
-from roles import model_server as ms
+from gpufleet.engine.ssh import Result
+from gpufleet.config.stack import Stack, host_stacks, load_stack, stack_for_host
+from gpufleet.roles import model_server as ms
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = {"torch": "2.9.1+cu130", "sglang": "0.5.9", "sgl-kernel": "0.3.16"}
@@ -73,7 +73,7 @@ class Probe:
 
 def context(probe, *, host=None, stack=None, **fact_kw) -> PlanContext:
     return PlanContext(host=host or Host(name="gpu1", address="10.0.0.1"), stack=stack or Stack(),
-                       facts=facts(**fact_kw), probe=probe, repo=REPO)
+                       facts=facts(**fact_kw), read=probe, repo=REPO)
 
 
 def converged(**fact_kw) -> tuple[Probe, PlanContext]:

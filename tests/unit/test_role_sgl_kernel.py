@@ -9,12 +9,12 @@ import pytest
 
 pytest.importorskip("gpufleet.plan")
 
-from gpufleet.buildcache import LocalCache, Record  # noqa: E402
+from gpufleet.kernel.buildcache import LocalCache, Record  # noqa: E402
 from gpufleet.facts.model import HostFacts  # noqa: E402
-from gpufleet.inventory import GpuExpectation, Host  # noqa: E402
+from gpufleet.config.inventory import GpuExpectation, Host  # noqa: E402
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged  # noqa: E402
-from gpufleet.stack import Stack  # noqa: E402
-from roles import sgl_kernel  # noqa: E402
+from gpufleet.config.stack import Stack  # noqa: E402
+from gpufleet.roles import sgl_kernel  # noqa: E402
 
 GIB = 1024 ** 3
 TREE = "c0ffee" + "0" * 34
@@ -77,7 +77,7 @@ def _ctx(tmp_path, *, installed=None, on_host=None, packages=None, stack=None, d
     shutil.copytree(Path(__file__).resolve().parents[2] / "patches/sgl-kernel", repo / "patches/sgl-kernel",
                     dirs_exist_ok=True)
     stack = stack or Stack.model_validate({}, context={"base_dir": repo})
-    ctx = PlanContext(host=host, stack=stack, facts=facts, probe=probe, repo=repo)
+    ctx = PlanContext(host=host, stack=stack, facts=facts, read=probe, repo=repo)
     return ctx, seen
 
 

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.command import Cmd
+from gpufleet.engine.command import Cmd
 from gpufleet.facts.checkout import CheckoutFacts
 from gpufleet.facts.model import HostFacts
-from gpufleet.inventory import Host
+from gpufleet.config.inventory import Host
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
 from gpufleet.sim import upstream as up
-from gpufleet.ssh import Result
-from gpufleet.stack import Stack
-from roles import patches as pm
-from roles import sglang_checkout as role
+from gpufleet.engine.ssh import Result
+from gpufleet.config.stack import Stack
+from gpufleet.roles import patches as pm
+from gpufleet.roles import sglang_checkout as role
 
 REPO = Path(__file__).resolve().parents[2]
 S1, S2 = "0001-symm-mem-all-reduce-sizes-sm120.patch", "0002-symm-mem-multimem-world-sizes-sm120.patch"

@@ -12,12 +12,12 @@ import pytest
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gpu import Gpu, GpuFacts
 from gpufleet.facts.model import HostFacts
-from gpufleet.inventory import Host
+from gpufleet.config.inventory import Host
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
 from gpufleet.sim import wheels
-from gpufleet.ssh import Result
-from gpufleet.stack import Stack, stack_for_host
-from roles import torch
+from gpufleet.engine.ssh import Result
+from gpufleet.config.stack import Stack, stack_for_host
+from gpufleet.roles import torch
 from tests.unit.pipfakes import PIP_WHEEL, RESOLVER, report, resolving_probe
 
 TARGET = "2.12.0.dev20260307+cu130"
@@ -33,7 +33,7 @@ def gpus(cap: str = "12.0", count: int = 8) -> GpuFacts:
 
 def ctx(packages=OLD_PACKAGES, *, facts_gpus=None, stack=None, probe=None, resolver=lambda: RESOLVER) -> PlanContext:
     facts = HostFacts(host="gpu1", gpus=facts_gpus if facts_gpus is not None else gpus(), packages=packages)
-    return PlanContext(host=Host(name="gpu1", address="10.0.0.1"), stack=stack or Stack(), facts=facts, probe=probe,
+    return PlanContext(host=Host(name="gpu1", address="10.0.0.1"), stack=stack or Stack(), facts=facts, read=probe,
                        repo=Path("."), resolver=resolver)
 
 
@@ -255,7 +255,7 @@ def test_needed_check_exit_codes(tmp_path):
 
 
 def test_with_a_fleet_lock_the_reason_names_the_lock_and_pip_resolves_with_its_pins():
-    from gpufleet.lock import FleetLock, LockKernel, LockMeta, LockSglang
+    from gpufleet.config.lock import FleetLock, LockKernel, LockMeta, LockSglang
 
     found = FleetLock(lock=LockMeta(format=1, created="2026-03-08T10:00:00Z", canary="gpu1"),
                       sglang=LockSglang(commit="0123abc", patches="a" * 64), sgl_kernel=LockKernel(patches="b" * 64),

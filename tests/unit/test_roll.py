@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpufleet.errors import ConfigError, GpufleetError
-from gpufleet.roll import HostResult, Roll, RollSummary, RunRecord, batch_size, last_stopped, plan_batches
+from gpufleet.fleet.roll import HostResult, Roll, RollSummary, RunRecord, batch_size, last_stopped, plan_batches
 
 HOSTS = ["gpu1", "gpu2", "gpu3", "gpu4", "gpu5"]
 
@@ -48,8 +48,8 @@ class FakeHost:
 
 
 def _roll(monkeypatch, fail: set[str], max_fail: int = 0, recover=True):
-    import gpufleet.roll as roll_mod
-    from gpufleet.runner import HostOutcome
+    import gpufleet.fleet.roll as roll_mod
+    from gpufleet.engine.runner import HostOutcome
 
     def fake_for_each(hosts, inventory, work, secrets=()):
         return [HostOutcome(h.name, value=work(FakeSession(h.name))) for h in hosts]

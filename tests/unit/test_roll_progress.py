@@ -1,6 +1,6 @@
 """The live roll view follows the roll's own lines: current step and time per host."""
 
-from gpufleet.roll_progress import RollProgress
+from gpufleet.cli.progress import RollProgress
 
 
 def test_host_lines_move_the_current_step_and_time():

@@ -1,7 +1,7 @@
 """The engine honours ~/.ssh/config as Fabric does, with the inventory's values winning."""
 
-from gpufleet.inventory import GpuExpectation, Host, Settings
-from gpufleet.ssh import HostSession
+from gpufleet.config.inventory import GpuExpectation, Host, Settings
+from gpufleet.engine.ssh import HostSession
 
 
 def _session(tmp_path, **host_fields):
@@ -23,7 +23,7 @@ def test_inventory_values_win(tmp_path):
 
 
 def test_unknown_host_key_policy_refuses(tmp_path):
-    from gpufleet.ssh import _Refuse
+    from gpufleet.engine.ssh import _Refuse
 
     conn = _session(tmp_path, address="box1").connection()
     assert isinstance(conn.client._policy, _Refuse)

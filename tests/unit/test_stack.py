@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet.errors import ConfigError
-from gpufleet.inventory import load_inventory
-from gpufleet.stack import Stack, host_stacks, load_stack, stack_for_host
+from gpufleet.config.inventory import load_inventory
+from gpufleet.config.stack import Stack, host_stacks, load_stack, stack_for_host
 
 REPO = Path(__file__).resolve().parents[2]
 SHA = "a" * 64

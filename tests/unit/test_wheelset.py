@@ -13,7 +13,7 @@ import pytest
 
 from gpufleet.sim.index import build_index
 from gpufleet.sim.wheels import build_wheel
-from gpufleet.wheelset import REPORT_MARK, ReportError, WheelRef, canonical, parse_report
+from gpufleet.wheels.wheelset import REPORT_MARK, ReportError, WheelRef, canonical, parse_report
 
 PIP_ENV = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1",
            "PIP_NO_CACHE_DIR": "1"}

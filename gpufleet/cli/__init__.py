@@ -1,0 +1,1 @@
+"""The command line: what each Invoke task does, rendering, live progress."""

@@ -1,0 +1,98 @@
+"""What the Invoke tasks do: load config, select hosts, run, render, and turn user errors into clean exits."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from invoke import Exit
+
+from gpufleet.cli import render
+from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.facts.gather import gather_facts
+from gpufleet.config.inventory import Inventory, load_inventory, select_hosts
+from gpufleet.engine.runner import for_each_host
+from gpufleet.config.stack import Stack, host_stacks, load_stack
+from gpufleet.fleet.status import compare, unreachable
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_INVENTORY = "hosts/sim.toml"
+DEFAULT_STACK = "stack.toml"
+
+
+def command_line(task: str) -> str:
+    """The command as the user typed it (recorded in host locks, audit logs and roll records)."""
+    import shlex
+    import sys
+
+    return shlex.join(["inv", *sys.argv[1:]]) if len(sys.argv) > 1 else f"inv {task}"
+
+
+def user_errors(fn):
+    """Print a GpufleetError as one clear message and exit 2, without a stack trace."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except GpufleetError as exc:
+            raise Exit(f"error: {exc}", code=2) from None
+    return wrapper
+
+
+def inventory_path(explicit: str | None) -> Path:
+    path = Path(explicit or os.environ.get("GPUFLEET_INVENTORY") or REPO / DEFAULT_INVENTORY)
+    if not path.exists() and not explicit and not os.environ.get("GPUFLEET_INVENTORY"):
+        raise ConfigError(str(path), "no inventory: run `inv sim.up` for the simulated fleet, or pass "
+                                     "--inventory hosts/<fleet>.toml (or set GPUFLEET_INVENTORY)")
+    return path
+
+
+def load(inventory: str | None, stack: str | None, accept_new_host_keys: bool = False) -> tuple[Inventory, Stack]:
+    inv = load_inventory(inventory_path(inventory))
+    if accept_new_host_keys:
+        inv.settings = inv.settings.model_copy(update={"accept_new_host_keys": True})
+    st = load_stack(stack or os.environ.get("GPUFLEET_STACK") or REPO / DEFAULT_STACK)
+    return inv, st
+
+
+def selection(inv: Inventory, host: str | None, hosts: str | None, default: str | None = "all") -> list:
+    spec = ",".join(filter(None, [host, hosts])) or default
+    if not spec:
+        raise ConfigError(str(inv.path), "name the hosts: --host NAME, --hosts a,b, a group, or all")
+    return select_hosts(inv, spec)
+
+
+def facts(inventory=None, stack=None, host=None, hosts=None, as_json=False, accept_new_host_keys=False) -> int:
+    inv, _ = load(inventory, stack, accept_new_host_keys)
+    chosen = selection(inv, host, hosts, default=None)
+    outcomes = for_each_host(chosen, inv, gather_facts)
+    data, failed = [], 0
+    for out in outcomes:
+        if out.ok:
+            data.append(out.value.model_dump(mode="json"))
+            if not as_json:
+                render.print_facts(out.value)
+        else:
+            failed += 1
+            data.append({"host": out.host, "error": out.error, "kind": out.kind})
+            if not as_json:
+                render.console.print(f"[red]{out.host}[/]: {out.error}")
+    if as_json:
+        render.print_json(data if len(data) != 1 else data[0])
+    return 1 if failed else 0
+
+
+def status(inventory=None, stack=None, host=None, hosts=None, as_json=False, accept_new_host_keys=False) -> int:
+    inv, base = load(inventory, stack, accept_new_host_keys)
+    chosen = selection(inv, host, hosts)
+    stacks = host_stacks(base, inv, chosen)  # bad overrides fail here, before any connection
+    outcomes = for_each_host(chosen, inv, gather_facts)
+    rows = []
+    for h, out in zip(chosen, outcomes):
+        rows.append(compare(h, stacks[h.name], out.value) if out.ok else unreachable(h.name, out.error, out.kind))
+    if as_json:
+        render.print_json([r.to_json() for r in rows])
+    else:
+        render.print_status(rows)
+    return 0 if all(r.ok for r in rows) else 1

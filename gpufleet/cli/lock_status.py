@@ -1,0 +1,43 @@
+"""`inv status --lock FILE`: each host against a fleet lock, every difference named."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from rich.table import Table
+
+from gpufleet.config import lock
+from gpufleet.fleet import lockstate
+from gpufleet.cli import render
+from gpufleet.cli.common import load, selection
+from gpufleet.engine.runner import for_each_host
+
+
+def lock_status(inventory, stack, host, hosts, as_json: bool, accept_new_host_keys: bool, lock_file: str) -> int:
+    """0 when every selected host matches the lock (extras are shown, not counted), 1 otherwise."""
+    found = lock.load(lock_file)  # a bad lock fails here, before any connection
+    inv, _ = load(inventory, stack, accept_new_host_keys)
+    chosen = selection(inv, host, hosts)
+    outcomes = for_each_host(chosen, inv, lambda session: lockstate.drift(session, found))
+    rows = [(o.host, o.value if o.ok else None, o.error) for o in outcomes]
+    if as_json:
+        render.print_json({"lock": found.path, "canary": found.lock.canary, "created": found.lock.created,
+                           "hosts": [d.to_json() if d else {"host": h, "matches": False, "error": err}
+                                     for h, d, err in rows]})
+    else:
+        render.console.print(f"hosts against {found.path} (recorded from {found.lock.canary} at {found.lock.created}; "
+                             f"{len(found.packages)} distributions)", highlight=False)
+        render.console.print(table(found, rows))
+    return 0 if all(d is not None and d.matches for _, d, _ in rows) else 1
+
+
+def table(found: lock.FleetLock, rows) -> Table:
+    out = Table(show_lines=True)
+    for column in ("host", "matches", "differences"):
+        out.add_column(column)
+    for name, d, err in rows:
+        if d is None:
+            out.add_row(name, "[red]unreachable[/]", escape(err or ""))
+            continue
+        lines = [escape(x) for x in d.packages + d.other] + [f"[dim]{escape(x)}[/]" for x in d.extra]
+        out.add_row(name, "[green]yes[/]" if d.matches else "[bold red]no[/]", "\n".join(lines) or "none")
+    return out

@@ -1,0 +1,95 @@
+"""`inv patches`: each patch of the sglang and sgl-kernel series judged on each host; a table or JSON."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from gpufleet.cli import render
+from gpufleet.cli.common import REPO, load, selection
+from gpufleet.errors import UnreachableError
+from gpufleet.engine.runner import for_each_host
+from gpufleet.config.stack import host_stacks
+from gpufleet.roles.patches import (APPLIED, CONFLICTS, NO_EFFECT, UPSTREAMED, WILL_APPLY, HostPatches, decide,
+                           stack_series, status_command)
+
+STYLE = {APPLIED: "green", WILL_APPLY: "yellow", UPSTREAMED: "cyan", CONFLICTS: "red", NO_EFFECT: "red"}
+BAD = (CONFLICTS, NO_EFFECT)
+
+
+def gather(session, stack, fetch: bool = True) -> HostPatches:
+    """Judge every patch on one host: one remote command (it carries the patches into a temp dir there)."""
+    host = session.host
+    series = stack_series(stack, REPO)
+    cmd = status_command(host.sglang_checkout, stack.sglang.branch, series, fetch)
+    result = session.run(cmd, step="patches", check=False, timeout=900)
+    if result.exit_code is None:
+        raise UnreachableError(f"host {host.name}: connection lost while judging patches: {result.tail(3)}")
+    return decide(host.name, result.output, series)
+
+
+def patches(inventory=None, stack=None, host=None, hosts=None, as_json=False, accept_new_host_keys=False,
+            fetch=True) -> int:
+    """Exit 0 when every host answered and no patch conflicts or lost its effect, else 1."""
+    inv, base = load(inventory, stack, accept_new_host_keys)
+    chosen = selection(inv, host, hosts)
+    stacks = host_stacks(base, inv, chosen)  # bad overrides and series files fail here, before any connection
+    for h in chosen:
+        stack_series(stacks[h.name], REPO)
+    outcomes = for_each_host(chosen, inv, lambda s: gather(s, stacks[s.host.name], fetch))
+    rows = []
+    for out in outcomes:
+        if out.ok:
+            rows.append(out.value.to_json())
+        else:
+            rows.append({"host": out.host, "reachable": False, "error": out.error, "kind": out.kind, "patches": []})
+    if as_json:
+        render.print_json(rows)
+    else:
+        print_patches(rows)
+    bad = any(not r["reachable"] or r.get("error") or any(p["status"] in BAD for p in r["patches"]) for r in rows)
+    return 1 if bad else 0
+
+
+def _cell(p: dict) -> str:
+    text = f"[{STYLE.get(p['status'], 'white')}]{p['status']}[/]"
+    if p["status"] in BAD and p["detail"]:
+        text += f" [dim]{p['detail'].split(' (hunk')[0].rsplit('/', 1)[-1]}[/]"
+    return text
+
+
+def patch_table(rows: list[dict]) -> Table:
+    """Rows: series/patch; columns: hosts."""
+    table = Table(title="gpufleet patches")
+    table.add_column("patch", style="bold")
+    for r in rows:
+        table.add_column(r["host"])
+    names = list(dict.fromkeys(f"{p['series']}/{p['patch']}" for r in rows for p in r["patches"]))
+    for name in names:
+        cells = []
+        for r in rows:
+            if not r["reachable"] or r.get("error"):
+                cells.append("[red]UNREACHABLE[/]" if not r["reachable"] else "[red]error[/]")
+                continue
+            found = next((p for p in r["patches"] if f"{p['series']}/{p['patch']}" == name), None)
+            cells.append(_cell(found) if found else "-")
+        table.add_row(name, *cells)
+    return table
+
+
+def print_patches(rows: list[dict]) -> None:
+    render.console.print(patch_table(rows))
+    retire = {}
+    for r in rows:
+        if not r["reachable"] or r.get("error"):
+            render.console.print(f"[red]{r['host']}[/]: {(r['error'] or '').splitlines()[0] if r['error'] else ''}")
+            continue
+        if r.get("fetch_error"):
+            render.console.print(f"[yellow]{r['host']}[/]: could not fetch upstream ({r['fetch_error']}); "
+                                 "judged against origin as last fetched")
+        for p in r["patches"]:
+            if p["status"] == UPSTREAMED:
+                retire.setdefault(f"{p['series']}/{p['patch']}", []).append(r["host"])
+            elif p["detail"]:
+                render.console.print(f"[yellow]{r['host']}[/] {p['series']}/{p['patch']}: {p['status']}: {p['detail']}")
+    for name, hosts_ in retire.items():
+        render.console.print(f"[cyan]ready to retire[/]: {name} (upstream has it; seen on {', '.join(hosts_)})")

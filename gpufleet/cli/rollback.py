@@ -1,0 +1,45 @@
+"""`inv rollback`: put hosts back on their snapshot from before the last upgrade, and prove it."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+
+from gpufleet.cli import render
+from gpufleet.fleet import rollback
+from gpufleet.cli.common import load, selection
+from gpufleet.engine.runner import for_each_host
+
+
+def rollback_hosts(inventory=None, stack=None, host=None, hosts=None, snapshot=None, dry_run=False,
+                   as_json=False, accept_new_host_keys=False, after=None) -> int:
+    """Restore each selected host's newest snapshot (or --snapshot PATH); 1 when any host failed."""
+    inv, _ = load(inventory, stack, accept_new_host_keys)
+    chosen = selection(inv, host, hosts, default=None)
+    say = (lambda line: None) if as_json else (lambda line: render.console.print(escape(line)))
+
+    def one(session) -> dict:
+        info = rollback.describe(session, snapshot or rollback.latest_snapshot(session))
+        host_say = lambda line: say(f"[{session.name}] {line}")  # noqa: E731
+        for line in info.lines():
+            host_say(line)
+        if dry_run:
+            return {"host": session.name, "snapshot": info.path, "restored": False, "plan": info.lines()}
+        proof = rollback.restore(session, info, say=host_say)
+        result = {"host": session.name, "snapshot": info.path, "restored": True, "proof": proof}
+        if after is not None:  # e.g. the health gate, when the unit was running before
+            result["after"] = after(session, info)
+        return result
+
+    outcomes = for_each_host(chosen, inv, one)
+    rows = [o.value if o.ok else {"host": o.host, "restored": False, "error": o.error} for o in outcomes]
+    if as_json:
+        render.print_json(rows)
+    else:
+        for row in rows:
+            if row.get("error"):
+                render.console.print(f"[red]{row['host']}: rollback failed[/]: {row['error']}")
+            elif row["restored"]:
+                render.console.print(f"[green]{row['host']}: rolled back[/] to {row['snapshot']}")
+            else:
+                render.console.print(f"{row['host']}: dry run, would roll back to {row['snapshot']}")
+    return 0 if all(not r.get("error") for r in rows) else 1

@@ -1,0 +1,277 @@
+"""The inventory (hosts/*.toml): settings, groups and hosts, validated; host selection."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpufleet.config.util import (LocalPath, RemotePath, check_name, deep_merge, read_toml,
+                                  unknown_key_problem, validation_error)
+from gpufleet.errors import ConfigError
+
+_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
+_HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_JUMP_RE = re.compile(r"^(?P<user>[^@\s]+)@(?P<host>\[[0-9A-Fa-f:.]+\]|[^@\s:\[\]]+)(?::(?P<port>\d{1,5}))?$")
+_JUMP_FORM = "user@host[:port]"
+_TOP_KEYS = ("settings", "defaults", "groups", "hosts")
+
+
+class Settings(BaseModel):
+    """Fleet-wide connection settings ([settings])."""
+
+    model_config = _STRICT
+    parallelism: int = Field(16, ge=1)
+    connect_timeout: float = Field(10.0, gt=0)
+    keepalive: float = Field(15.0, ge=0)  # seconds; 0 turns keepalive off
+    known_hosts: LocalPath = Path("~/.ssh/known_hosts").expanduser()
+    ssh_config: LocalPath | None = Path("~/.ssh/config").expanduser()  # where unset port/user come from
+    accept_new_host_keys: bool = False
+    command_timeout: float | None = Field(None, gt=0)
+
+
+class GpuExpectation(BaseModel):
+    """What a host's GPUs must look like: count, compute capability ("12.0"), optional name substring."""
+
+    model_config = _STRICT
+    count: int = Field(8, ge=1)
+    compute_capability: str = "12.0"
+    name: str | None = None
+
+    @field_validator("compute_capability", mode="before")
+    @classmethod
+    def _cc(cls, v: object) -> object:
+        if not isinstance(v, str) or not re.fullmatch(r"\d+\.\d+", v):
+            raise ValueError('must be a string like "12.0" (quoted: a bare 12.0 is a float)')
+        return v
+
+
+class Host(BaseModel):
+    """One GPU server; local paths are Path, remote paths are absolute POSIX strings."""
+
+    model_config = _STRICT
+    name: str
+    address: str
+    port: int | None = Field(None, ge=1, le=65535)
+    user: str | None = None
+    identity_file: LocalPath | None = None
+    jump: str | None = None
+    venv: RemotePath = "/root/venv"
+    sglang_checkout: RemotePath = "/root/sglang-main"
+    service: str = "sglang"
+    model_path: RemotePath = "/models/Qwen3.5-397B-A17B-NVFP4"
+    gpus: GpuExpectation = GpuExpectation()
+    groups: list[str] = []
+    stack_overrides: dict[str, Any] = {}
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if _is_ip(v) or _HOSTNAME_RE.match(v):
+            return v
+        raise ValueError("must be a hostname or IP address (put the login name in 'user')")
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and not _USER_RE.match(v):
+            raise ValueError("must be a plain login name")
+        return v
+
+    @field_validator("service")
+    @classmethod
+    def _service(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*", v):
+            raise ValueError("must be a systemd unit name")
+        return v.removesuffix(".service")
+
+
+# TOML keys of a host table: the model's fields, with 'stack' standing in for stack_overrides.
+HOST_KEYS = [k for k in Host.model_fields if k not in ("name", "stack_overrides")] + ["stack"]
+
+
+@dataclass
+class Inventory:
+    """A loaded inventory: hosts in file order, groups (name -> host names in inventory order)."""
+
+    path: Path
+    settings: Settings
+    hosts: dict[str, Host] = field(default_factory=dict)
+    groups: dict[str, list[str]] = field(default_factory=dict)
+
+    def jump_host(self, spec: str) -> Host:
+        """The host a `jump` value names: an inventory host, or a bare Host built from user@host[:port]."""
+        if spec in self.hosts:
+            return self.hosts[spec]
+        host = _host_from_jump(spec)
+        if host is None:
+            raise ConfigError(str(self.path), f"must name an inventory host or have the form {_JUMP_FORM}",
+                              field="jump", value=spec, has_value=True)
+        return host
+
+
+def _host_from_jump(spec: str) -> Host | None:
+    m = _JUMP_RE.match(spec)
+    if not m:
+        return None
+    try:
+        port = int(m.group("port")) if m.group("port") else None
+        return Host(name=spec, address=m.group("host").strip("[]"), user=m.group("user"), port=port)
+    except ValidationError:
+        return None
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Read and validate an inventory file; any user mistake raises ConfigError."""
+    p = Path(path)
+    raw = read_toml(p)
+    _check_keys(p, raw, _TOP_KEYS, None, "")
+    ctx = {"base_dir": p.parent.resolve()}
+    settings = _settings(p, _table(p, raw, "settings", None), ctx)
+    declared = _declared_groups(p, _table(p, raw, "groups", None))
+    defaults = _table(p, raw, "defaults", None)
+    _check_keys(p, defaults, HOST_KEYS, None, "defaults.")
+    hosts_raw = _table(p, raw, "hosts", None)
+    if not hosts_raw:
+        raise ConfigError(str(p), "defines no hosts (add [hosts.<name>] tables)")
+    hosts = {name: _host(p, name, defaults, entry, ctx) for name, entry in hosts_raw.items()}
+    groups = _resolve_groups(p, hosts, declared)
+    hosts = {n: h.model_copy(update={"groups": [g for g in groups if n in groups[g]]}) for n, h in hosts.items()}
+    _check_jumps(p, hosts)
+    return Inventory(path=p, settings=settings, hosts=hosts, groups=groups)
+
+
+def _table(path: Path, parent: dict, key: str, host: str | None, prefix: str = "") -> dict[str, Any]:
+    value = parent.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(str(path), "must be a table", host=host, field=prefix + key, value=value, has_value=True)
+    return value
+
+
+def _check_keys(path: Path, table: dict, allowed: list[str] | tuple[str, ...], host: str | None,
+                prefix: str) -> None:
+    for key, value in table.items():
+        if key not in allowed:
+            raise ConfigError(str(path), unknown_key_problem(list(allowed)), host=host, field=prefix + key,
+                              value=value, has_value=True)
+
+
+def _settings(path: Path, data: dict, ctx: dict) -> Settings:
+    try:
+        return Settings.model_validate(data, context=ctx)
+    except ValidationError as exc:
+        raise validation_error(exc, path, Settings, prefix=("settings",)) from None
+
+
+def _declared_groups(path: Path, data: dict) -> dict[str, list[str]]:
+    for name, members in data.items():
+        _name_or_error(path, name, "group", None, f"groups.{name}")
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+            raise ConfigError(str(path), "must be a list of host names", field=f"groups.{name}",
+                              value=members, has_value=True)
+    return data
+
+
+def _name_or_error(path: Path, name: str, what: str, host: str | None, fld: str | None) -> None:
+    try:
+        check_name(name, what)
+    except ValueError as exc:
+        raise ConfigError(str(path), str(exc), host=host, field=fld, value=name, has_value=True) from None
+
+
+def _host(path: Path, name: str, defaults: dict, entry: object, ctx: dict) -> Host:
+    _name_or_error(path, name, "host", name, None)
+    if not isinstance(entry, dict):
+        raise ConfigError(str(path), "must be a table", host=name, field=f"hosts.{name}", value=entry,
+                          has_value=True)
+    _check_keys(path, entry, HOST_KEYS, name, "")
+    if "address" not in entry and "address" not in defaults:
+        raise ConfigError(str(path), "required field is missing (hostname or IP address)", host=name,
+                          field="address")
+    data = deep_merge({k: v for k, v in defaults.items() if k != "stack"},
+                      {k: v for k, v in entry.items() if k != "stack"})
+    overrides = deep_merge(_table(path, defaults, "stack", name, "defaults."), _table(path, entry, "stack", name))
+    try:
+        return Host.model_validate({**data, "name": name, "stack_overrides": overrides}, context=ctx)
+    except ValidationError as exc:
+        raise validation_error(exc, path, Host, host=name) from None
+
+
+def _resolve_groups(path: Path, hosts: dict[str, Host], declared: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Membership from both sides ([groups] lists and each host's 'groups'), in inventory order."""
+    known_hosts = ", ".join(hosts)
+    for group, members in declared.items():
+        if group in hosts:
+            raise ConfigError(str(path), "a group cannot share its name with a host (selection would be "
+                              "ambiguous)", field=f"groups.{group}", value=group, has_value=True)
+        for member in members:
+            if member not in hosts:
+                raise ConfigError(str(path), f"group names an unknown host; known hosts: {known_hosts}",
+                                  field=f"groups.{group}", value=member, has_value=True)
+    for host in hosts.values():
+        for group in host.groups:
+            if group not in declared:
+                known = ", ".join(declared) or "none (declare them in [groups])"
+                raise ConfigError(str(path), f"unknown group; declared groups: {known}", host=host.name,
+                                  field="groups", value=group, has_value=True)
+    return {g: [h for h in hosts if h in members or g in hosts[h].groups] for g, members in declared.items()}
+
+
+def _check_jumps(path: Path, hosts: dict[str, Host]) -> None:
+    for host in hosts.values():
+        if host.jump is None or host.jump in hosts:
+            _check_jump_chain(path, hosts, host)
+            continue
+        if _host_from_jump(host.jump) is None:
+            raise ConfigError(str(path), f"must name another inventory host or have the form {_JUMP_FORM}; "
+                              f"inventory hosts: {', '.join(hosts)}", host=host.name, field="jump",
+                              value=host.jump, has_value=True)
+
+
+def _check_jump_chain(path: Path, hosts: dict[str, Host], host: Host) -> None:
+    seen = [host.name]
+    nxt = host.jump
+    while nxt is not None and nxt in hosts:
+        if nxt in seen:
+            chain = " -> ".join(seen + [nxt])
+            raise ConfigError(str(path), f"jump hosts form a loop ({chain})", host=host.name, field="jump",
+                              value=host.jump, has_value=True)
+        seen.append(nxt)
+        nxt = hosts[nxt].jump
+
+
+def select_hosts(inv: Inventory, spec: str) -> list[Host]:
+    """Hosts named by spec ('gpu1', 'gpu1,gpu2', a group, 'all', or a mix), in inventory order, once each."""
+    wanted: set[str] = set()
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if not parts:
+        raise ConfigError(str(inv.path), "empty host selection; name hosts, groups or 'all'",
+                          value=spec, has_value=True)
+    for part in parts:
+        wanted.update(_expand(inv, part))
+    return [h for name, h in inv.hosts.items() if name in wanted]
+
+
+def _expand(inv: Inventory, part: str) -> list[str]:
+    if part == "all":
+        return list(inv.hosts)
+    if part in inv.hosts:
+        return [part]
+    if part in inv.groups:
+        return inv.groups[part]
+    groups = ", ".join(inv.groups) or "none"
+    raise ConfigError(str(inv.path), f"unknown host or group {part!r} in host selection; known hosts: "
+                      f"{', '.join(inv.hosts)}; known groups: {groups}; or 'all'", value=part, has_value=True)

@@ -1,0 +1,1 @@
+"""Talking to hosts: commands as data, one SSH session per host, parallel runs, detached long commands."""

@@ -1,0 +1,192 @@
+"""Run a long command on a host detached from the SSH connection (a transient systemd unit), and follow its log."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from gpufleet.engine.command import Cmd, script
+from gpufleet.errors import GpufleetError, UnreachableError
+from gpufleet.engine.output import HostLines
+
+BUILDS_DIR = "/var/lib/gpufleet/builds"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A detached command's unit name and its files on the host: log, exit-code file, pid file (fallback)."""
+
+    unit: str
+    dir: str
+
+    @classmethod
+    def for_key(cls, key: str, base: str = BUILDS_DIR) -> "Job":
+        return cls(f"gpufleet-build-{key[:12]}", f"{base}/{key}")
+
+    @property
+    def log(self) -> str:
+        return f"{self.dir}/build.log"
+
+    @property
+    def rc_file(self) -> str:
+        return f"{self.dir}/exit-code"
+
+    @property
+    def pid_file(self) -> str:
+        return f"{self.dir}/pid"
+
+
+@dataclass(frozen=True)
+class State:
+    """running, finished (rc set) or absent (never started, or died without an exit code)."""
+
+    status: str
+    rc: int | None = None
+
+
+def _state_sh(job: Job) -> str:
+    q = shlex.quote
+    # The exit-code file is written last by the wrapper, so its presence means the log is complete.
+    return (f"if [ -s {q(job.rc_file)} ]; then echo \"finished $(cat {q(job.rc_file)})\"; "
+            f"elif systemctl is-active --quiet {q(job.unit)} 2>/dev/null; then echo running; "
+            f"elif [ -s {q(job.pid_file)} ] && kill -0 \"$(cat {q(job.pid_file)})\" 2>/dev/null; then echo running; "
+            f"else echo absent; fi")
+
+
+def _parse_state(text: str) -> State:
+    words = (text.strip().splitlines() or ["absent"])[-1].split()
+    if words and words[0] == "finished":
+        try:
+            return State("finished", int(words[1]))
+        except (IndexError, ValueError):
+            return State("finished", 1)
+    return State("running" if words and words[0] == "running" else "absent")
+
+
+def state(session, job: Job) -> State:
+    """Whether the job runs, has finished (with its exit code) or is absent."""
+    return _parse_state(session.run(script(_state_sh(job)), "detached state").output)
+
+
+def start_script(job: Job, cmd: Cmd, properties: tuple[str, ...] = (), retry_failed: bool = False) -> str:
+    """Shell text that starts cmd detached unless it runs or has finished (failed: only if not retry_failed).
+
+    It never exits early, so text appended to it (wait_script) runs either way; $st says what it found."""
+    q = shlex.quote
+    inner = (f"{cmd.render()} >> {q(job.log)} 2>&1; rc=$?; "
+             f"echo $rc > {q(job.rc_file)}.tmp && mv {q(job.rc_file)}.tmp {q(job.rc_file)}")
+    keep_failed = 'echo "$st"; st_keep=1' if not retry_failed else ":"
+    props = " ".join(f"--property={q(p)}" for p in ("TimeoutStopSec=30", *properties))
+    return f"""
+set -e
+mkdir -p {q(job.dir)}
+st=$({_state_sh(job)})
+st_keep=
+case "$st" in running|"finished 0") echo "$st"; st_keep=1;; finished*) {keep_failed};; esac
+if [ -z "$st_keep" ]; then
+rm -f {q(job.log)} {q(job.rc_file)} {q(job.pid_file)}
+: > {q(job.log)}
+if command -v systemd-run >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+  systemctl reset-failed {q(job.unit)} >/dev/null 2>&1 || true
+  systemd-run --quiet --unit={q(job.unit)} --collect {props} \\
+    --setenv=HOME="${{HOME:-/root}}" --setenv=PATH="$PATH" /bin/bash -c {q(inner)}
+else
+  # No systemd (a GPU box in a container): a new session keeps it alive when SSH drops.
+  setsid nohup /bin/bash -c {q(inner)} < /dev/null > /dev/null 2>&1 &
+  echo $! > {q(job.pid_file)}
+fi
+st=started
+echo started
+fi
+"""
+
+
+def start(session, job: Job, cmd: Cmd, properties: tuple[str, ...] = (), retry_failed: bool = False) -> str:
+    """Start cmd detached; returns 'started', 'running' or 'finished <rc>' (a re-run picks up the existing job)."""
+    out = session.run(script(start_script(job, cmd, properties, retry_failed)), "detached start").output
+    return (out.strip().splitlines() or ["started"])[-1]
+
+
+def _poll_sh(job: Job, offset: int) -> str:
+    q = shlex.quote
+    return (f"rc=$(cat {q(job.rc_file)} 2>/dev/null || true); st=$({_state_sh(job)}); "
+            f"s=$(stat -c %s {q(job.log)} 2>/dev/null || echo 0); echo \"@@rc $rc\"; echo \"@@st $st\"; "
+            f"echo \"@@size $s\"; if [ \"$s\" -gt {offset} ]; then "
+            f"tail -c +{offset + 1} {q(job.log)} | head -c $((s - {offset})); fi")
+
+
+def _parse_poll(text: str) -> tuple[int | None, str, int, str]:
+    head, rest = text.split("@@rc ", 1)[1].split("\n", 1)
+    st, rest = rest.split("\n", 1)
+    size, data = (rest.split("\n", 1) + [""])[:2]
+    rc = int(head) if head.strip().lstrip("-").isdigit() else None
+    return rc, st.removeprefix("@@st ").split(" ")[0], int(size.removeprefix("@@size ").strip() or 0), data
+
+
+class DetachedError(GpufleetError):
+    """A detached job vanished without an exit code, or its host stayed unreachable."""
+
+
+def follow(session, job: Job, *, offset: int = 0, echo: Callable[[str], None] | None = None, poll: float = 2.0,
+           reconnect_for: float = 300.0, timeout: float | None = None) -> int:
+    """Poll the job's log from offset, echo new lines, reconnect when the link drops; return the exit code."""
+    lines = HostLines(session.name, sink=echo) if echo else None
+    started = time.monotonic()
+    lost_since: float | None = None
+    while True:
+        try:
+            res = session.run(script(_poll_sh(job, offset)), "detached follow", check=False, timeout=60)
+        except UnreachableError:
+            res = None
+        if res is None or res.exit_code is None or "@@rc " not in res.output:
+            lost_since = lost_since or time.monotonic()
+            if time.monotonic() - lost_since > reconnect_for:
+                raise DetachedError(f"{session.name}: lost the connection to {job.unit} for {reconnect_for:.0f}s")
+            time.sleep(poll)
+            try:
+                session.reconnect()
+            except UnreachableError:
+                pass
+            continue
+        lost_since = None
+        rc, st, size, data = _parse_poll(res.output)
+        if lines and size > offset:
+            lines.feed(data)
+        offset = max(offset, size)
+        if rc is not None:
+            if lines:
+                lines.flush()
+            return rc
+        if st == "absent":
+            raise DetachedError(f"{session.name}: {job.unit} is gone without an exit code (see {job.log})")
+        if timeout is not None and time.monotonic() - started > timeout:
+            raise DetachedError(f"{session.name}: {job.unit} still running after {timeout:.0f}s")
+        time.sleep(poll)
+
+
+def wait_script(job: Job, cmd: Cmd, poll: float = 5.0) -> str:
+    """Shell text for one plain command: start (or pick up) the job, stream its log, exit with its exit code.
+
+    A new job's log is streamed from its start; a picked-up one (a re-run after a lost connection) from its last
+    lines."""
+    q = shlex.quote
+    return (start_script(job, cmd, retry_failed=True) + f"""
+set +e
+if [ "$st" = started ]; then from=+1; else from=20; fi
+tail -n "$from" -F {q(job.log)} 2>/dev/null &
+tp=$!
+while [ ! -s {q(job.rc_file)} ]; do
+  st=$({_state_sh(job)})
+  if [ "$st" = absent ]; then kill $tp; echo "gpufleet: {job.unit} died without an exit code"; exit 1; fi
+  sleep {poll}
+done
+sleep 1; kill $tp 2>/dev/null
+exit "$(cat {q(job.rc_file)})"
+""")
+
+
+def wait_cmd(job: Job, cmd: Cmd, poll: float = 5.0) -> Cmd:
+    """wait_script as a Cmd: a dropped connection leaves the job running; running it again re-attaches."""
+    return script(wait_script(job, cmd, poll))

@@ -1,0 +1,61 @@
+"""Run one piece of work per host, in parallel up to the inventory's limit, collecting per-host outcomes."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gpufleet.errors import GpufleetError, HostKeyError, UnreachableError
+from gpufleet.engine.ssh import HostSession
+
+
+@dataclass
+class HostOutcome:
+    """How the work went on one host: a value, or the error that stopped it and its kind."""
+
+    host: str
+    value: Any = None
+    error: str | None = None
+    kind: str = "ok"  # ok | unreachable | hostkey | failed
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "ok"
+
+
+def gateway_for(host, inventory) -> HostSession | None:
+    """The ProxyJump session of a host: another inventory host by name, or a user@host:port spec."""
+    jump = getattr(host, "jump", None)
+    if not jump:
+        return None
+    if jump in inventory.hosts:
+        target = inventory.hosts[jump]
+    else:
+        target = inventory.jump_host(jump)
+    return HostSession(target, inventory.settings, gateway=gateway_for(target, inventory))
+
+
+def session_for(host, inventory, secrets: tuple[str, ...] = ()) -> HostSession:
+    return HostSession(host, inventory.settings, secrets=secrets, gateway=gateway_for(host, inventory))
+
+
+def for_each_host(hosts: list, inventory, work: Callable[[HostSession], Any], *,
+                  secrets: tuple[str, ...] = (), parallelism: int | None = None) -> list[HostOutcome]:
+    """Open one connection per host, run work(session) on each, never let one host's failure stop the others."""
+    limit = max(1, min(parallelism or inventory.settings.parallelism, len(hosts) or 1))
+
+    def one(host) -> HostOutcome:
+        session = session_for(host, inventory, secrets)
+        try:
+            with session:
+                return HostOutcome(host.name, value=work(session))
+        except HostKeyError as exc:
+            return HostOutcome(host.name, error=str(exc), kind="hostkey")
+        except UnreachableError as exc:
+            return HostOutcome(host.name, error=str(exc), kind="unreachable")
+        except GpufleetError as exc:
+            return HostOutcome(host.name, error=str(exc), kind="failed")
+
+    with ThreadPoolExecutor(max_workers=limit, thread_name_prefix="gpufleet-host") as pool:
+        return list(pool.map(one, hosts))

@@ -1,0 +1,235 @@
+"""One SSH connection per host, reused for every command of a run, with strict host-key checking."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import paramiko
+from fabric import Config, Connection
+
+from gpufleet.engine.command import Cmd, mask
+from gpufleet.errors import HostKeyError, RemoteCommandError, UnreachableError
+from gpufleet.engine.output import HostLines
+
+TAIL_LINES = 30
+KEEPALIVES_UNANSWERED = 3  # like OpenSSH's ServerAliveCountMax: the link counts as dead after this many
+
+# paramiko logs connection failures with tracebacks; gpufleet reports them itself, once, as one clear line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
+
+
+@dataclass
+class Result:
+    """What one remote command did."""
+
+    host: str
+    step: str
+    command: str  # masked
+    exit_code: int | None
+    output: str  # stdout and stderr, in order, secrets masked
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def tail(self, lines: int = TAIL_LINES) -> str:
+        return "\n".join(self.output.rstrip("\n").splitlines()[-lines:])
+
+
+class _AcceptNew(paramiko.MissingHostKeyPolicy):
+    """OpenSSH's accept-new: record a host's first key; a changed key still fails (paramiko never asks then)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def missing_host_key(self, client, hostname, key):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+class _Refuse(paramiko.MissingHostKeyPolicy):
+    def __init__(self, path: Path):
+        self.path = path
+
+    def missing_host_key(self, client, hostname, key):
+        raise HostKeyError(
+            f"host key of {hostname} is not in {self.path} ({key.get_name()} "
+            f"{key.fingerprint if hasattr(key, 'fingerprint') else key.get_base64()[:16]}): refusing to connect. "
+            f"Check the key out of band, then add it (ssh-keyscan) or run once with --accept-new-host-keys")
+
+
+class HostSession:
+    """An open SSH connection to one inventory host; every command of a run goes through it."""
+
+    def __init__(self, host, settings, *, secrets: tuple[str, ...] = (), gateway: "HostSession | None" = None):
+        self.host = host
+        self.settings = settings
+        self.secrets = tuple(secrets)
+        self.gateway = gateway
+        self.conn: Connection | None = None
+        self.results: list[Result] = []
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    def _config(self) -> Config:
+        ssh_config = getattr(self.settings, "ssh_config", None)
+        if ssh_config:
+            path = os.path.expanduser(str(ssh_config))
+            if os.path.exists(path):
+                return Config(runtime_ssh_path=path)
+        return Config(overrides={"load_ssh_configs": False})
+
+    def connection(self) -> Connection:
+        """Build (not open) the Fabric connection with the inventory's values over ~/.ssh/config's."""
+        kwargs = {}
+        if self.host.identity_file:
+            kwargs["key_filename"] = os.path.expanduser(self.host.identity_file)
+        kwargs["look_for_keys"] = not self.host.identity_file
+        kwargs["allow_agent"] = not self.host.identity_file
+        conn = Connection(
+            self.host.address, user=self.host.user, port=self.host.port, config=self._config(),
+            connect_timeout=self.settings.connect_timeout, connect_kwargs=kwargs,
+            gateway=self.gateway.connection() if self.gateway else None,
+        )
+        known = Path(os.path.expanduser(str(self.settings.known_hosts)))
+        conn.client.get_host_keys().clear()
+        if known.exists():
+            conn.client.load_host_keys(str(known))
+        # Fabric's default AutoAddPolicy trusts any key; a fleet tool must not.
+        policy = _AcceptNew(known) if self.settings.accept_new_host_keys else _Refuse(known)
+        conn.client.set_missing_host_key_policy(policy)
+        return conn
+
+    def open(self) -> "HostSession":
+        conn = self.connection()
+        try:
+            conn.open()
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyError(
+                f"host {self.name} ({self.host.address}): its host key CHANGED "
+                f"(expected {exc.expected_key.get_name()} {exc.expected_key.get_base64()[:24]}..., got "
+                f"{exc.key.get_name()} {exc.key.get_base64()[:24]}...): refusing to connect; if the box was "
+                f"reinstalled, remove the old key from {self.settings.known_hosts} yourself") from None
+        except paramiko.AuthenticationException as exc:
+            raise UnreachableError(f"host {self.name} ({self.host.address}): authentication failed: {exc}") from None
+        except (socket.timeout, TimeoutError):
+            raise UnreachableError(f"host {self.name} ({self.host.address}): no answer within "
+                                   f"{self.settings.connect_timeout}s") from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise UnreachableError(f"host {self.name} ({self.host.address}): cannot connect: "
+                                   f"{exc or type(exc).__name__}") from None
+        conn.transport.set_keepalive(int(self.settings.keepalive))
+        _give_up_on_dead_link(conn.transport, int(self.settings.keepalive))
+        self.conn = conn
+        return self
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def __enter__(self) -> "HostSession":
+        return self.open() if self.conn is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.conn and self.conn.transport and self.conn.transport.is_active())
+
+    def reconnect(self) -> None:
+        self.close()
+        self.open()
+
+    def run(self, cmd: Cmd, step: str, *, check: bool = True, timeout: float | None = None,
+            echo: Callable[[str], None] | None = None) -> Result:
+        """Run cmd on the host; output is masked, optionally echoed line by line; failures raise with context."""
+        if not self.alive:
+            self.open()
+        secrets = self.secrets + tuple(cmd.secrets())
+        shown = cmd.display()
+        # Mask whole lines, not chunks: a secret may straddle two reads.
+        lines = HostLines(self.name, sink=lambda line: echo(mask(line, secrets))) if echo else None
+        started = time.monotonic()
+        chunks: list[str] = []
+        exit_code: int | None = None
+        chan = self.conn.transport.open_session()
+        try:
+            chan.set_combine_stderr(True)
+            chan.settimeout(timeout if timeout else None)
+            chan.exec_command(cmd.render())
+            decoder = _Utf8Decoder()
+            while True:
+                data = chan.recv(32768)
+                if not data:
+                    break
+                text = decoder.feed(data)
+                chunks.append(text)
+                if lines:
+                    lines.feed(text)
+            exit_code = chan.recv_exit_status()
+            if exit_code == -1 and not (self.conn.transport and self.conn.transport.is_active()):
+                exit_code = None  # the connection closed under the command: no exit status came
+                chunks.append("\n[gpufleet] connection lost: the host stopped answering\n")
+        except (socket.timeout, TimeoutError):
+            exit_code = None
+            chunks.append(f"\n[gpufleet] no output for {timeout}s: command abandoned\n")
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            exit_code = None
+            chunks.append(f"\n[gpufleet] connection lost: {exc or type(exc).__name__}\n")
+        finally:
+            chan.close()
+            if lines:
+                lines.flush()
+        result = Result(self.name, step, shown, exit_code, mask("".join(chunks), secrets), time.monotonic() - started)
+        self.results.append(result)
+        if check and exit_code != 0:
+            raise RemoteCommandError(self.name, step, shown, exit_code, result.tail())
+        return result
+
+    def put_text(self, text: str, remote_path: str, mode: int = 0o644) -> None:
+        """Write a file on the host atomically (temp file + rename), with the given mode, over SFTP."""
+        if not self.alive:
+            self.open()
+        sftp = self.conn.sftp()
+        tmp = f"{remote_path}.gpufleet-tmp"
+        with sftp.file(tmp, "w") as f:
+            f.write(text.encode())
+        sftp.chmod(tmp, mode)
+        sftp.posix_rename(tmp, remote_path)
+
+
+def _give_up_on_dead_link(transport, keepalive: int) -> None:
+    """With keepalive on, a link that acknowledges nothing for KEEPALIVES_UNANSWERED keepalives is dead: the kernel
+    closes the socket (TCP_USER_TIMEOUT), so a command waiting for output fails as a lost connection instead of
+    blocking until TCP gives up (~15 min). Direct TCP connections only (a ProxyJump channel has no socket)."""
+    sock = getattr(transport, "sock", None)
+    if keepalive > 0 and hasattr(socket, "TCP_USER_TIMEOUT") and isinstance(sock, socket.socket):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, keepalive * KEEPALIVES_UNANSWERED * 1000)
+
+
+class _Utf8Decoder:
+    """Decode a byte stream whose chunks may split a UTF-8 character."""
+
+    def __init__(self):
+        import codecs
+
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, data: bytes) -> str:
+        return self._dec.decode(data)

@@ -1,0 +1,337 @@
+"""The executor: plans each role against the host as it is, re-checks, snapshots, applies, verifies, records."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from gpufleet.kernel import buildcache
+from gpufleet.fleet import hoststate
+from gpufleet.wheels import push
+from gpufleet.engine.command import Cmd
+from gpufleet.errors import GpufleetError, RemoteCommandError
+from gpufleet.facts.checkout import redact_url
+from gpufleet.wheels.fetch import WheelCache, fetch_pip_wheel, sha256_of
+from gpufleet.facts.gather import gather_facts
+from gpufleet.fleet.hoststate import HostClaimedError, RunInfo
+from gpufleet.config.lock import FleetLock, locked_stack
+from gpufleet.plan import PlanContext, Role, Step, Unchanged, Upload, brief
+from gpufleet.wheels.push import PushItem
+
+TOOLS_DIR = "/var/cache/gpufleet/tools"  # gpufleet's own pip wheel on each host
+RESOLVER_PIP = "26.3"  # the pip that resolves and installs on every host: its dry run reads metadata only
+
+# Entry statuses: planned (dry run), unchanged (the role said so), done-already (its `needed` check said so at
+# apply time), changed, verified (a check-only step passed), failed.
+
+
+@dataclass
+class Entry:
+    """One planned item on one host and what became of it."""
+
+    item: Step | Unchanged
+    status: str
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {**self.item.to_json(), "status": self.status, "seconds": round(self.seconds, 2)}
+
+
+@dataclass
+class HostReport:
+    """What an upgrade did (or, in a dry run, would do) on one host."""
+
+    host: str
+    dry_run: bool
+    entries: list[Entry] = field(default_factory=list)
+    outcome: str = "ok"  # ok | failed | locked | unreachable
+    error: str | None = None
+    next_step: str | None = None
+    snapshot: str | None = None
+    lock_holder: str | None = None  # dry run: another run holds the host's lock now
+    seconds: float = 0.0
+    wheels: list[dict] = field(default_factory=list)  # files handed over: name, version, filename, url, sha256
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+    def with_status(self, *statuses: str) -> list[Entry]:
+        return [e for e in self.entries if e.status in statuses]
+
+    def to_json(self) -> dict:
+        return {"host": self.host, "dry_run": self.dry_run, "outcome": self.outcome, "ok": self.ok,
+                "error": self.error, "next": self.next_step, "snapshot": self.snapshot,
+                "lock_holder": self.lock_holder, "seconds": round(self.seconds, 2),
+                "changed": [f"{e.item.role}: {e.item.title}" for e in self.with_status("changed")],
+                "wheels": self.wheels,
+                "entries": [e.to_json() for e in self.entries]}
+
+
+@dataclass
+class Executor:
+    """One `inv upgrade` run over many hosts: the roles, who runs it, and what is shared between host threads."""
+
+    roles: Sequence[Role]
+    run: RunInfo
+    repo: Path
+    dry_run: bool = False
+    wheels: WheelCache = field(default_factory=WheelCache)
+    say: Callable[[str], None] = print  # one whole line (host-prefixed) of live output
+    command_timeout: float | None = None
+    read_facts: Callable = gather_facts
+    build_cache: buildcache.LocalCache = field(default_factory=buildcache.LocalCache)
+    reconnect_for: float = 900.0  # how long a resumable step keeps trying to reach a host that dropped off
+    lock: FleetLock | None = None  # converge every host to this recorded stack
+    host_lock_held: bool = False  # the caller holds each host's lock already (e.g. a probe redeploying): keep it
+    resolver_version: str = RESOLVER_PIP
+    _pip_wheel: Path | None = field(default=None, repr=False)
+    _pip_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def pip_wheel(self, stack) -> Path:
+        """The pinned pip wheel on the control node, fetched once per run for all hosts."""
+        with self._pip_guard:
+            if self._pip_wheel is None:
+                self._pip_wheel = fetch_pip_wheel(self.resolver_version, stack.pip.index_url, stack.pip.trusted_hosts)
+            return self._pip_wheel
+
+    def host(self, session, stack) -> HostReport:
+        """Plan (dry run) or apply every role on one host; never raises for a failure on the host."""
+        return _HostRun(self, session, stack).go()
+
+
+class _HostRun:
+    """The state of one host's run: its report, its facts, whether the snapshot was taken."""
+
+    def __init__(self, upgrade: Executor, session, stack):
+        self.up, self.session, self.stack = upgrade, session, stack
+        self.report = HostReport(session.name, upgrade.dry_run)
+        self._resolver: Upload | None = None
+
+    def say(self, text: str) -> None:
+        self.up.say(f"[{self.session.name}] {text}")
+
+    def read(self, cmd: Cmd, step: str):
+        return self.session.run(cmd, step=step, check=False, timeout=self.up.command_timeout)
+
+    def context(self, facts) -> PlanContext:
+        return PlanContext(host=self.session.host, stack=self.stack, facts=facts, read=self.read, repo=self.up.repo,
+                           resolver=self.resolver, lock=self.up.lock)
+
+    def resolver(self) -> Upload:
+        """gpufleet's pip wheel, put on the host once per run: roles resolve and install with it."""
+        if self._resolver is None:
+            local = self.up.pip_wheel(self.stack)
+            up = Upload(local.resolve().as_uri(), sha256_of(local), f"{TOOLS_DIR}/{local.name}", "pip",
+                        self.up.resolver_version)
+            self.push(None, [up])
+            self._resolver = up
+        return self._resolver
+
+    def go(self) -> HostReport:
+        started = time.monotonic()
+        try:
+            if self.up.lock is not None:
+                try:
+                    self.stack = locked_stack(self.stack, self.up.lock, self.session.name)
+                except GpufleetError as exc:
+                    self.fail(exc, "use the patches the lock was recorded with, or record a new lock")
+                    return self.report
+            if self.up.dry_run:
+                self.plan_only()
+            else:
+                self.apply()
+        finally:
+            self.report.seconds = time.monotonic() - started
+        return self.report
+
+    def plan_only(self) -> None:
+        try:
+            self.report.lock_holder = hoststate.read_claim(self.session)
+            # Nothing changes in a dry run, so every role sees today's facts.
+            ctx = self.context(self.up.read_facts(self.session))
+            for role in self.up.roles:
+                for item in role.plan(ctx):
+                    self.report.entries.append(Entry(item, "unchanged" if isinstance(item, Unchanged) else "planned"))
+        except GpufleetError as exc:
+            self.fail(exc, "fix the cause, then run the dry run again")
+
+    def apply(self) -> None:
+        run = self.up.run
+        try:
+            if not self.up.host_lock_held:
+                hoststate.claim_host(self.session, run)
+        except HostClaimedError as exc:
+            self.report.outcome, self.report.error = "locked", str(exc)
+            self.report.next_step = (f"wait for that run to finish; if it is gone for good, remove "
+                                     f"{hoststate.LOCK_DIR} on {self.session.name} and run again")
+            self.audit()
+            return
+        except GpufleetError as exc:
+            self.fail(exc, "fix the cause, then run again")
+            return
+        self.report.outcome = "running"
+        try:
+            self.apply_roles()
+            self.report.outcome = "ok"
+        except GpufleetError as exc:
+            self.fail(exc, self.resume_hint())
+        finally:
+            if self.report.outcome == "running":  # an unexpected exception is on its way up
+                self.report.outcome, self.report.error = "failed", "interrupted"
+            self.audit()
+            if not self.up.host_lock_held:
+                try:
+                    hoststate.release_claim(self.session, run)
+                except GpufleetError as exc:
+                    self.say(f"could not release the lock: {exc}")
+
+    def apply_roles(self) -> None:
+        facts = self.up.read_facts(self.session)
+        for role in self.up.roles:
+            changed = False
+            for item in role.plan(self.context(facts)):
+                if isinstance(item, Unchanged):
+                    self.report.entries.append(Entry(item, "unchanged"))
+                else:
+                    changed |= self.apply_step(item)
+            if changed:  # the next role plans against the host as it is now
+                facts = self.up.read_facts(self.session)
+
+    def apply_step(self, step: Step) -> bool:
+        """Run one step if its `needed` check still says so; True when it changed the host."""
+        entry = Entry(step, "running")
+        self.report.entries.append(entry)
+        started = time.monotonic()
+        try:
+            if step.needed is not None and not self.still_needed(step):
+                entry.status = "done-already"
+                self.say(f"{step.role}: {step.title}: already done")
+                return False
+            self.say(f"{step.role}: {step.title}")
+            if step.commands or step.uploads:
+                self.ensure_snapshot()
+            self.push(step, step.uploads)
+            timeout = step.timeout or self.up.command_timeout
+            for cmd in step.commands:
+                if step.resumable:
+                    self.run_resumable(cmd, step.title, timeout=timeout)
+                else:
+                    self.run(cmd, step.title, timeout=timeout, echo=self.up.say)
+            for cmd in step.verify:
+                result = self.run(cmd, f"{step.title}: verify" if step.commands else step.title, timeout=timeout)
+                self.say(f"{step.role}: {(result.output.strip().splitlines() or ['ok'])[-1]}")
+            for key in step.artifacts:
+                if buildcache.fetch_to_cache(self.session, key, self.up.build_cache):
+                    self.say(f"{step.role}: build {key[:12]} cached on the control node for the other hosts")
+            entry.status = "changed" if step.commands or step.uploads else "verified"
+            return entry.status == "changed"
+        except BaseException:
+            entry.status = "failed"
+            raise
+        finally:
+            entry.seconds = time.monotonic() - started
+
+    def run(self, cmd: Cmd, step: str, **options):
+        """session.run, with inline scripts abbreviated in the error (its output tail says what went wrong)."""
+        try:
+            return self.session.run(cmd, step=step, **options)
+        except RemoteCommandError as exc:
+            raise RemoteCommandError(exc.host, exc.step, brief(cmd), exc.exit_code, exc.output_tail) from None
+
+    def run_resumable(self, cmd: Cmd, step: str, timeout: float | None):
+        """Run a command that is safe to re-run; when the connection drops, reconnect and run it again."""
+        deadline = time.monotonic() + self.up.reconnect_for
+        delay = 1.0
+        while True:
+            try:
+                return self.run(cmd, step, timeout=timeout, echo=self.up.say)
+            except RemoteCommandError as exc:
+                if exc.exit_code is not None or time.monotonic() > deadline:
+                    raise
+                self.say(f"connection lost during '{step}'; reattaching (the work goes on on the host)")
+            while True:
+                time.sleep(delay)
+                delay = min(delay * 2, 15.0)
+                try:
+                    self.session.reconnect()
+                    break
+                except GpufleetError:
+                    if time.monotonic() > deadline:
+                        raise
+
+    def still_needed(self, step: Step) -> bool:
+        result = self.session.run(step.needed, step=f"{step.title}: still needed?", check=False,
+                                  timeout=self.up.command_timeout)
+        if result.exit_code in (0, 1):
+            return result.exit_code == 0
+        raise RemoteCommandError(self.session.name, f"{step.title}: still needed?", brief(step.needed),
+                                 result.exit_code, result.tail())
+
+    def ensure_snapshot(self) -> None:
+        if self.report.snapshot is None:
+            self.report.snapshot = hoststate.snapshot(self.session, self.up.run)
+            self.say(f"state before this run saved in {self.report.snapshot}")
+
+    def push(self, step: Step | None, uploads: Sequence[Upload]) -> None:
+        """Put wheels on the host unless they are there already: one check, then one verified stream of what is
+        missing (gpufleet.wheels.push). Each is fetched once per run (and cached) on the control node for all hosts, and
+        only when some host lacks it."""
+        title = step.title if step else "resolver"
+        wanted: list[tuple[Upload, str, Path | None]] = []
+        for up in uploads:
+            local = None
+            sha = up.sha256
+            if sha is None:  # the index published no hash: what the control node fetched decides
+                local = self.up.wheels.get(up.url, None)
+                sha = self.up.wheels.sha256(local)
+            wanted.append((up, sha, local))
+            # wheels only: a build's FetchContent source archive is handed over the same way but is no distribution
+            if step is not None and up.name and up.remote.endswith(".whl"):
+                self.report.wheels.append({"name": up.name, "version": up.version, "filename":
+                                           posixpath.basename(up.remote), "url": redact_url(up.url), "sha256": sha})
+        if not wanted:
+            return
+        probes = [PushItem(Path(os.devnull), up.remote, sha) for up, sha, _ in wanted]
+        check = self.session.run(push.check_command(probes), step=f"{title}: which wheels are on the host?")
+        states = push.parse_check(self.session.name, probes, check.output)
+        lacking = [(PushItem(local or self.up.wheels.get(up.url, sha), up.remote, sha), state)
+                   for (up, sha, local), state in zip(wanted, states) if state != "present"]
+        if lacking:
+            missing = [item for item, _ in lacking]
+            size = sum(item.local.stat().st_size for item in missing)
+            self.say(f"handing over {len(missing)} wheel(s), {size / 2**20:.1f} MiB, from the control node")
+            # checked above, before fetching: push_files need not ask the host again
+            push.push_files(self.session, missing, say=self.say, states=[state for _, state in lacking])
+
+    def resume_hint(self) -> str:
+        failed = next((e for e in self.report.entries if e.status == "failed"), None)
+        where = f" at '{failed.item.title}'" if failed else ""
+        hint = (f"fix the cause, then run `{self.up.run.command}` again: steps already done are skipped and the run "
+                f"continues{where}")
+        if self.report.snapshot:
+            hint += f"; the state before this run is saved in {self.report.snapshot} on {self.session.name}"
+        return hint
+
+    def fail(self, exc: GpufleetError, next_step: str) -> None:
+        self.report.outcome, self.report.error, self.report.next_step = "failed", str(exc), next_step
+
+    def audit(self) -> None:
+        r = self.report
+        failed = next((e for e in r.entries if e.status == "failed"), None)
+        record = {"when": hoststate.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "who": self.up.run.who,
+                  "pid": self.up.run.pid, "command": self.up.run.command, "host": r.host, "outcome": r.outcome,
+                  "changed": [f"{e.item.role}: {e.item.title}" for e in r.with_status("changed")],
+                  "done_already": [f"{e.item.role}: {e.item.title}" for e in r.with_status("done-already")],
+                  "unchanged": [f"{e.item.role}: {e.item.reason}" for e in r.with_status("unchanged")],
+                  "failed": ({"step": f"{failed.item.role}: {failed.item.title}"} if failed else None),
+                  "error": r.error, "snapshot": r.snapshot}
+        try:
+            hoststate.append_audit(self.session, record)
+        except GpufleetError as exc:
+            self.say(f"could not append to {hoststate.AUDIT_LOG}: {exc}")

@@ -1,0 +1,228 @@
+"""A rolling run across hosts: canary first, then batches; each host proven healthy or rolled back; stop on failures."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.engine.runner import for_each_host
+
+# Outcomes of one host in a roll.
+DONE = ("ok", "unchanged")
+
+
+@dataclass
+class HostResult:
+    """What the roll did on one host, step by step."""
+
+    host: str
+    outcome: str = "not-reached"  # ok | unchanged | failed | rolled-back | rollback-failed | unreachable | not-reached
+    steps: list[str] = field(default_factory=list)
+    error: str | None = None
+    snapshot: str | None = None
+    batch: int | None = None
+    server_was_active: bool = False  # before the roll stopped it: a rollback must bring it back
+    started: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class RollSummary:
+    """The machine-readable record of a roll (runs/<stamp>/summary.json)."""
+
+    kind: str  # upgrade | deploy-model
+    started: str
+    command: str
+    hosts: list[str]
+    batches: list[list[str]]
+    max_fail: int
+    status: str = "running"  # running | completed | stopped
+    results: dict[str, HostResult] = field(default_factory=dict)
+    resumed_from: str | None = None
+    inventory: str = ""  # resolved path: --resume continues rolls of the same inventory only
+    pid: int = 0  # of the process running it: a "running" roll whose process is gone was killed
+    lock: str | None = None  # the fleet lock later hosts converge to (given, or recorded from the canary)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["results"] = [asdict(self.results[h]) for h in self.hosts]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RollSummary":
+        results = {r["host"]: HostResult(**r) for r in data.pop("results")}
+        return cls(**data, results=results)
+
+
+def batch_size(spec: str, remaining: int) -> int:
+    """`--batch 3` or `--batch 25%` (of the hosts after the canary, rounded up), at least 1."""
+    text = str(spec).strip()
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not 0 < pct <= 100:
+                raise ValueError
+            return max(1, math.ceil(remaining * pct / 100))
+        size = int(text)
+        if size < 1:
+            raise ValueError
+        return size
+    except ValueError:
+        raise ConfigError("--batch", "must be a positive number of hosts or a percentage like 25%",
+                          value=spec, has_value=True) from None
+
+
+def plan_batches(hosts: list[str], canary: str | None, spec: str) -> list[list[str]]:
+    """The canary alone first (the first host unless named), then the rest in batches of the given size."""
+    if not hosts:
+        return []
+    canary = canary or hosts[0]
+    if canary not in hosts:
+        raise ConfigError("--canary", f"is not one of the selected hosts ({', '.join(hosts)})",
+                          value=canary, has_value=True)
+    rest = [h for h in hosts if h != canary]
+    size = batch_size(spec, len(rest)) if rest else 1
+    return [[canary]] + [rest[i:i + size] for i in range(0, len(rest), size)]
+
+
+def utc_stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+class RunRecord:
+    """runs/<stamp>/: one log per host and summary.json, written as the roll goes (a killed roll leaves a record)."""
+
+    def __init__(self, runs_dir: Path, summary: RollSummary):
+        self.dir = Path(runs_dir) / summary.started
+        self.dir.mkdir(parents=True, exist_ok=False)
+        self.summary = summary
+        self._lock = threading.Lock()  # hosts of one batch finish in parallel threads
+        self.save()
+
+    def save(self) -> None:
+        with self._lock:
+            tmp = self.dir / "summary.json.tmp"
+            tmp.write_text(json.dumps(self.summary.to_json(), indent=2))
+            tmp.replace(self.dir / "summary.json")
+
+    def log(self, host: str, text: str) -> None:
+        with open(self.dir / f"{host}.log", "a") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+
+    def log_session(self, session) -> None:
+        """Every command the host's session ran, masked, with exit code and output."""
+        for r in session.results:
+            self.log(session.name, f"$ {r.command}  # step {r.step!r}, exit {r.exit_code}, {r.seconds:.1f}s\n"
+                                   f"{r.output.rstrip()}\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+def last_stopped(runs_dir: Path, kind: str, inventory: str = "") -> tuple[Path, RollSummary]:
+    """The newest roll of this kind over this inventory that stopped (or was killed) before its end."""
+    for path in sorted(Path(runs_dir).glob("*/summary.json"), reverse=True):
+        data = json.loads(path.read_text())
+        if data.get("kind") != kind or (inventory and data.get("inventory", "") != inventory):
+            continue
+        summary = RollSummary.from_json(data)
+        if summary.status == "running" and _alive(summary.pid):
+            raise ConfigError(str(path), f"that `{kind}` roll is still running (pid {summary.pid})")
+        if summary.status == "completed":
+            break
+        return path.parent, summary
+    raise ConfigError(str(runs_dir), f"no stopped `{kind}` roll to resume (the newest one completed, or none ran)")
+
+
+def runs_dir(default: Path) -> Path:
+    """Where roll records go: $GPUFLEET_RUNS_DIR, else runs/ in the project."""
+    return Path(os.environ.get("GPUFLEET_RUNS_DIR") or default)
+
+
+@dataclass
+class Roll:
+    """Runs the per-host procedure over batches; the procedure itself is given (upgrade+deploy, or deploy)."""
+
+    inventory: object
+    procedure: Callable  # (session, result: HostResult, say) -> None; raises GpufleetError on failure
+    recover: Callable | None  # (session, result, say) -> None: roll the host back; None = --no-rollback
+    max_fail: int = 0
+    say: Callable[[str], None] = print
+    secrets: tuple[str, ...] = ()
+    on_host_done: Callable[[HostResult], None] | None = None  # e.g. the live view
+
+    def run(self, hosts: list, summary: RollSummary, record: RunRecord, skip: set[str] = frozenset()) -> RollSummary:
+        by_name = {h.name: h for h in hosts}
+        failures = 0
+        for number, batch in enumerate(summary.batches, 1):
+            todo = [by_name[n] for n in batch if n not in skip]
+            if not todo:
+                continue
+            self.say(f"batch {number}/{len(summary.batches)}: {', '.join(h.name for h in todo)}")
+            outcomes = for_each_host(todo, self.inventory, lambda s: self._one(s, number, summary, record),
+                                     secrets=self.secrets)
+            for out in outcomes:
+                result = summary.results[out.host]
+                if not out.ok:  # could not even connect
+                    result.outcome, result.error = out.kind, out.error
+                    record.log(out.host, f"error: {out.error}")
+                if result.outcome not in DONE:
+                    failures += 1
+            record.save()
+            if failures > self.max_fail:
+                summary.status = "stopped"
+                self.say(f"stopping the roll: {failures} host(s) failed, --max-fail is {self.max_fail}; "
+                         f"hosts not reached are untouched; fix the cause, then run again with --resume")
+                break
+        else:
+            summary.status = "completed"
+        record.save()
+        return summary
+
+    def _one(self, session, number: int, summary: RollSummary, record: RunRecord) -> HostResult:
+        result = summary.results[session.name]
+        result.batch, result.started, result.error = number, utc_stamp(), None
+        result.steps = []
+        started = time.monotonic()
+
+        def say(line: str) -> None:
+            self.say(f"[{session.name}] {line}")
+            record.log(session.name, line)
+
+        try:
+            self.procedure(session, result, say)
+            if result.outcome not in DONE:
+                result.outcome = "ok"
+        except GpufleetError as exc:
+            result.outcome, result.error = "failed", str(exc)
+            say(f"FAILED: {exc}")
+            if self.recover is not None:
+                try:
+                    self.recover(session, result, say)
+                    result.outcome = "rolled-back"
+                except GpufleetError as again:
+                    result.outcome = "rollback-failed"
+                    result.error += f"\nrollback failed too: {again}"
+                    say(f"ROLLBACK FAILED: {again}")
+        finally:
+            result.seconds = round(time.monotonic() - started, 1)
+            record.log_session(session)
+            record.save()
+            if self.on_host_done:
+                self.on_host_done(result)
+        return result

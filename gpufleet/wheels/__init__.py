@@ -1,0 +1,1 @@
+"""Wheels onto hosts: the control node's cache, what pip on a host needs, pushing files."""
