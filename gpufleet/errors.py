@@ -45,13 +45,17 @@ class UnreachableError(GpufleetError):
 
 
 class RemoteCommandError(GpufleetError):
-    """A remote command failed; names host, step, command (masked), exit code and output tail."""
+    """A remote command failed; keeps its Result and Cmd; the message names host, step, command, exit code, tail."""
 
-    def __init__(self, host: str, step: str, command: str, exit_code: int | None, output_tail: str):
-        self.host, self.step, self.command = host, step, command
-        self.exit_code, self.output_tail = exit_code, output_tail
-        code = "no exit code (connection lost)" if exit_code is None else f"exit code {exit_code}"
-        msg = f"host {host}: step {step!r} failed: `{command}` returned {code}"
-        if output_tail.strip():
-            msg += "\n--- last lines of output ---\n" + output_tail.rstrip()
+    def __init__(self, result, cmd=None, *, shown: str | None = None):
+        # result: engine.ssh.Result (not imported: ssh imports this module); shown: the command as the message
+        # gives it (masked; result.command unless a caller abbreviates it)
+        self.result, self.cmd = result, cmd
+        self.host, self.step, self.exit_code = result.host, result.step, result.exit_code
+        self.command = result.command if shown is None else shown
+        self.output_tail = result.tail()
+        code = "no exit code (connection lost)" if self.exit_code is None else f"exit code {self.exit_code}"
+        msg = f"host {self.host}: step {self.step!r} failed: `{self.command}` returned {code}"
+        if self.output_tail.strip():
+            msg += "\n--- last lines of output ---\n" + self.output_tail.rstrip()
         super().__init__(msg)

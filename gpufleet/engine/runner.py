@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpufleet.errors import GpufleetError, HostKeyError, UnreachableError
@@ -12,12 +12,13 @@ from gpufleet.engine.ssh import HostSession
 
 @dataclass
 class HostOutcome:
-    """How the work went on one host: a value, or the error that stopped it and its kind."""
+    """How the work went on one host: a value, or the error that stopped it (its text, kind and the exception)."""
 
     host: str
     value: Any = None
     error: str | None = None
     kind: str = "ok"  # ok | unreachable | hostkey | failed
+    exception: GpufleetError | None = field(default=None, repr=False)  # e.g. a RemoteCommandError's .result
 
     @property
     def ok(self) -> bool:
@@ -51,11 +52,11 @@ def for_each_host(hosts: list, inventory, work: Callable[[HostSession], Any], *,
             with session:
                 return HostOutcome(host.name, value=work(session))
         except HostKeyError as exc:
-            return HostOutcome(host.name, error=str(exc), kind="hostkey")
+            return HostOutcome(host.name, error=str(exc), kind="hostkey", exception=exc)
         except UnreachableError as exc:
-            return HostOutcome(host.name, error=str(exc), kind="unreachable")
+            return HostOutcome(host.name, error=str(exc), kind="unreachable", exception=exc)
         except GpufleetError as exc:
-            return HostOutcome(host.name, error=str(exc), kind="failed")
+            return HostOutcome(host.name, error=str(exc), kind="failed", exception=exc)
 
     with ThreadPoolExecutor(max_workers=limit, thread_name_prefix="gpufleet-host") as pool:
         return list(pool.map(one, hosts))

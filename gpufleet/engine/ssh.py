@@ -199,7 +199,7 @@ class HostSession:
         result = Result(self.name, step, shown, exit_code, mask("".join(chunks), secrets), time.monotonic() - started)
         self.results.append(result)
         if check and exit_code != 0:
-            raise RemoteCommandError(self.name, step, shown, exit_code, result.tail())
+            raise RemoteCommandError(result, cmd)
         return result
 
     def put_text(self, text: str, remote_path: str, mode: int = 0o644) -> None:

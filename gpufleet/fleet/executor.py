@@ -239,10 +239,10 @@ class _HostRun:
 
     def run(self, cmd: Cmd, step: str, **options):
         """session.run, with inline scripts abbreviated in the error (its output tail says what went wrong)."""
-        try:
-            return self.session.run(cmd, step=step, **options)
-        except RemoteCommandError as exc:
-            raise RemoteCommandError(exc.host, exc.step, brief(cmd), exc.exit_code, exc.output_tail) from None
+        result = self.session.run(cmd, step=step, check=False, **options)
+        if not result.ok:
+            raise RemoteCommandError(result, cmd, shown=brief(cmd))
+        return result
 
     def run_resumable(self, cmd: Cmd, step: str, timeout: float | None):
         """Run a command that is safe to re-run; when the connection drops, reconnect and run it again."""
@@ -270,8 +270,7 @@ class _HostRun:
                                   timeout=self.up.command_timeout)
         if result.exit_code in (0, 1):
             return result.exit_code == 0
-        raise RemoteCommandError(self.session.name, f"{step.title}: still needed?", brief(step.needed),
-                                 result.exit_code, result.tail())
+        raise RemoteCommandError(result, step.needed, shown=brief(step.needed))
 
     def ensure_snapshot(self) -> None:
         if self.report.snapshot is None:

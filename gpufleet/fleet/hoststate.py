@@ -93,11 +93,12 @@ _UNLOCK = f'grep -qxF "token=$1" {LOCK_DIR}/holder 2>/dev/null && rm -rf {LOCK_D
 
 def claim_host(session, run: RunInfo) -> None:
     """Take the host's lock by an atomic mkdir; refuse with the holder's details when another run has it."""
-    result = session.run(Cmd.of("bash", "-c", _LOCK, "lock", run.holder_text()), step="lock", check=False)
+    cmd = Cmd.of("bash", "-c", _LOCK, "lock", run.holder_text())
+    result = session.run(cmd, step="lock", check=False)
     if result.exit_code == _HELD:
         raise HostClaimedError(session.name, describe_holder(result.output))
     if result.exit_code != 0:
-        raise RemoteCommandError(session.name, "lock", result.command, result.exit_code, result.tail())
+        raise RemoteCommandError(result, cmd)
 
 
 def release_claim(session, run: RunInfo) -> None:

@@ -1,6 +1,7 @@
 """Commands as data: exact rendering, quoting in one place, secrets masked everywhere they are shown."""
 
 from gpufleet.engine.command import MASK, Cmd, Raw, Secret, mask
+from gpufleet.engine.ssh import Result
 from gpufleet.errors import RemoteCommandError
 
 
@@ -38,9 +39,18 @@ def test_mask_free_text_longest_first():
 
 
 def test_remote_error_names_host_step_command_code_and_tail():
-    err = RemoteCommandError("gpu1", "torch", "pip install torch==9", 1, "line1\nERROR: No matching distribution")
+    cmd = Cmd.of("pip", "install", "torch==9")
+    result = Result("gpu1", "torch", cmd.display(), 1, "line1\nERROR: No matching distribution", 0.0)
+    err = RemoteCommandError(result, cmd)
     text = str(err)
     for part in ("gpu1", "torch", "pip install torch==9", "exit code 1", "No matching distribution"):
         assert part in text
-    lost = RemoteCommandError("gpu1", "build", "make", None, "")
-    assert "connection lost" in str(lost)
+    assert err.result is result and err.cmd is cmd  # kept for callers, as Invoke's Failure keeps its result
+    lost = RemoteCommandError(Result("gpu1", "build", "make", None, "", 0.0))
+    assert "connection lost" in str(lost) and lost.cmd is None
+
+
+def test_remote_error_may_show_the_command_abbreviated():
+    cmd = Cmd.of("python", "-c", "import x\nx.y()\n")
+    err = RemoteCommandError(Result("gpu1", "s", cmd.display(), 2, "", 0.0), cmd, shown="python -c <script>")
+    assert "`python -c <script>` returned exit code 2" in str(err) and err.result.command == cmd.display()

@@ -38,9 +38,10 @@ class FakeSession:
         code, out = self.answers.get(step, (0, ""))
         if echo and out:
             echo(f"[gpu1] {out}")
+        result = Result(self.name, step, cmd.display(), code, out, 0.0)
         if check and code != 0:
-            raise RemoteCommandError(self.name, step, cmd.display(), code, out)
-        return Result(self.name, step, cmd.display(), code, out, 0.0)
+            raise RemoteCommandError(result, cmd)
+        return result
 
     @property
     def steps(self) -> list[str]:
