@@ -202,11 +202,47 @@ class HostSession:
             raise RemoteCommandError(result, cmd)
         return result
 
-    def put_text(self, text: str, remote_path: str, mode: int = 0o644) -> None:
-        """Write a file on the host atomically (temp file + rename), with the given mode, over SFTP."""
+    def _open_transport(self) -> paramiko.Transport:
         if not self.alive:
             self.open()
-        sftp = self.conn.sftp()
+        return self.conn.transport
+
+    def channel(self, cmd: Cmd) -> paramiko.Channel:
+        """A new exec channel running cmd, for callers that stream its stdin and stdout themselves; close it after."""
+        chan = self._open_transport().open_session()
+        try:
+            chan.exec_command(cmd.render())
+        except BaseException:
+            chan.close()
+            raise
+        return chan
+
+    def tunnel(self, port: int, host: str = "127.0.0.1", *, timeout: float | None = None) -> paramiko.Channel:
+        """A direct-tcpip channel to host:port as seen from the host; paramiko.ChannelException when refused."""
+        return self._open_transport().open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout)
+
+    def _sftp(self):
+        self._open_transport()
+        return self.conn.sftp()
+
+    def put(self, local, remote: str) -> None:
+        """Copy a local file to remote over SFTP, atomically (written as remote.part, then renamed)."""
+        sftp = self._sftp()
+        sftp.put(str(local), remote + ".part")
+        sftp.posix_rename(remote + ".part", remote)
+
+    def get(self, remote: str, local) -> None:
+        """Copy remote to a local file over SFTP; OSError (FileNotFoundError) when the host has no such file."""
+        self._sftp().get(remote, str(local))
+
+    def get_text(self, remote: str) -> str:
+        """The text of a remote file, read over SFTP; OSError (FileNotFoundError) when there is none."""
+        with self._sftp().open(remote) as f:
+            return f.read().decode()
+
+    def put_text(self, text: str, remote_path: str, mode: int = 0o644) -> None:
+        """Write a file on the host atomically (temp file + rename), with the given mode, over SFTP."""
+        sftp = self._sftp()
         tmp = f"{remote_path}.gpufleet-tmp"
         with sftp.file(tmp, "w") as f:
             f.write(text.encode())

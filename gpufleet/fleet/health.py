@@ -137,16 +137,10 @@ def parse_response(data: bytes, *, eof: bool = True) -> HttpResponse | None:
     return HttpResponse(status, reason, headers, body)
 
 
-def _transport(session) -> paramiko.Transport:
-    if not session.alive:
-        session.open()
-    return session.conn.transport
-
-
 def request(session, port: int, method: str, path: str, payload: dict | None = None, *,
             address: str = "127.0.0.1", timeout: float = REQUEST_TIMEOUT) -> HttpResponse:
     """One HTTP exchange with address:port as seen from the host, through a direct-tcpip channel of the session."""
-    chan = _transport(session).open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0), timeout=timeout)
+    chan = session.tunnel(port, address, timeout=timeout)
     try:
         chan.settimeout(timeout)
         chan.sendall(build_request(method, path, f"{address}:{port}", payload))

@@ -127,18 +127,15 @@ class LocalCache:
 
 def fetch_to_cache(session, key: str, cache: LocalCache) -> Path | None:
     """Copy a host's built wheel and record into the local cache over SFTP; None when the host has none."""
-    if not session.alive:
-        session.open()
-    sftp = session.conn.sftp()
     try:
-        record = Record.from_json(sftp.open(record_path(key)).read().decode())
+        record = Record.from_json(session.get_text(record_path(key)))
     except OSError:
         return None
     if record is None or record.key != key:
         return None
     tmp = cache.root / f".{key}.download.whl"
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    sftp.get(record.wheel, str(tmp))
+    session.get(record.wheel, tmp)
     try:
         return cache.store(record, tmp)
     finally:
@@ -156,7 +153,5 @@ def push_from_cache(session, key: str, cache: LocalCache) -> str:
 
     session.run(Cmd.of("mkdir", "-p", f"{host_dir(key)}/cached"), "prepare cache upload")
     remote = f"{host_dir(key)}/cached/{wheel.name}"
-    sftp = session.conn.sftp()
-    sftp.put(str(wheel), remote + ".part")
-    sftp.posix_rename(remote + ".part", remote)
+    session.put(wheel, remote)
     return remote

@@ -364,9 +364,8 @@ def _send_openssh(session, items, done) -> tuple[str, str]:
 
 
 def _send_paramiko(session, items, done) -> tuple[str, str]:
-    chan = session.conn.transport.open_session()
+    chan = session.channel(receive_command(items))
     try:
-        chan.exec_command(receive_command(items).render())
         try:
             write_stream(_ChannelSink(chan), items, done)
             chan.shutdown_write()

@@ -4,7 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from gpufleet.kernel.buildcache import BuildInputs, LocalCache, Record, patches_digest, series_names
+from gpufleet.kernel.buildcache import (BuildInputs, LocalCache, Record, fetch_to_cache, patches_digest,
+                                       push_from_cache, record_path, series_names)
+from gpufleet.testing.session import FakeSession
 
 BASE = BuildInputs(torch="2.12.0.dev20260307+cu130", cuda="13.0", arch="12.0a", source_tree="a" * 40,
                    patches="p" * 64, fp4=True, extra_cmake_args=(), compile_threads=1)
@@ -51,3 +53,17 @@ def test_local_cache_roundtrip(tmp_path):
     assert cache.wheel("k" * 64) == stored and stored.read_bytes() == b"wheel"
     assert cache.record("k" * 64) == rec
     assert Record.from_json("not json") is None
+
+
+def test_a_hosts_build_is_fetched_into_the_cache_and_handed_to_another_host(tmp_path):
+    key = "k" * 64
+    cache = LocalCache(tmp_path / "cache")
+    built = FakeSession(name="gpu1")
+    assert fetch_to_cache(built, key, cache) is None  # no record on the host: nothing built there
+    rec = Record(key=key, inputs={}, wheel="/var/lib/x/sgl_kernel-0.3.21-cp310-abi3-linux_x86_64.whl")
+    built.files = {record_path(key): rec.to_json().encode(), rec.wheel: b"wheel"}
+    stored = fetch_to_cache(built, key, cache)
+    assert stored.read_bytes() == b"wheel" and cache.record(key) == rec
+    other = FakeSession(name="gpu2")
+    remote = push_from_cache(other, key, cache)
+    assert other.files[remote] == b"wheel" and other.steps == ["prepare cache upload"]

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import SimpleNamespace
 
 import paramiko
 import pytest
 
 from gpufleet.fleet import health
 from gpufleet.fleet.health import Gate, HealthError, HttpError, HttpResponse, parse_response
-from gpufleet.config.inventory import Host
-from gpufleet.engine.ssh import Result
 from gpufleet.config.stack import Stack, stack_for_host
+from gpufleet.testing.session import FakeSession
 
 
 # ---- HTTP ---------------------------------------------------------------------------------------------------------
@@ -87,30 +84,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
 
 
-class _Transport:
-    """Stands in for paramiko's transport: a direct-tcpip 'channel' is a plain socket to the address."""
-
-    def __init__(self):
-        self.opened = []
-
-    def open_channel(self, kind, dest, src, timeout=None):
-        self.opened.append((kind, dest))
-        try:
-            return socket.create_connection(dest, timeout=timeout)
-        except OSError:
-            raise paramiko.ChannelException(2, "Connect failed") from None
-
-
 def test_request_over_a_channel_like_socket():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        transport = _Transport()
-        session = SimpleNamespace(alive=True, conn=SimpleNamespace(transport=transport))
+        session = FakeSession()  # its tunnel() is a plain socket to the address
         port = server.server_address[1]
         assert health.request(session, port, "GET", "/health").json() == {"status": "ok"}
         assert health.request(session, port, "POST", "/x", {"q": "é"}).json() == {"echo": {"q": "é"}}
-        assert transport.opened == [("direct-tcpip", ("127.0.0.1", port))] * 2
+        assert session.tunnels == [("127.0.0.1", port)] * 2
     finally:
         server.shutdown()
         server.server_close()
@@ -118,22 +100,10 @@ def test_request_over_a_channel_like_socket():
 
 # ---- the gate -----------------------------------------------------------------------------------------------------
 
-class FakeSession:
+def unit_session(states) -> FakeSession:
     """Answers `unit state` from a list of states (the last repeats) and `journal` with a fixed tail."""
-
-    def __init__(self, states):
-        self.host = Host(name="gpu1", address="10.0.0.1")
-        self.name = "gpu1"
-        self.states = list(states)
-        self.steps = []
-
-    def run(self, cmd, step, check=True, timeout=None, echo=None):
-        self.steps.append(step)
-        if step == "unit state":
-            out = self.states.pop(0) if len(self.states) > 1 else self.states[0]
-        else:
-            out = "Dec 02 gpu1 sglang[42]: RuntimeError: --tp 8 needs 8 GPUs\n"
-        return Result("gpu1", step, cmd.display(), 0, out, 0.0)
+    return FakeSession({"unit state": [(0, text) for text in states]},
+                       default=(0, "Dec 02 gpu1 sglang[42]: RuntimeError: --tp 8 needs 8 GPUs\n"))
 
 
 def state(active="active", restarts=0, pid=42, age=5):
@@ -177,7 +147,7 @@ def chat(text: str) -> HttpResponse:
 
 def test_waits_with_backoff_then_smoke_passes(monkeypatch):
     refused = paramiko.ChannelException(2, "Connect failed")
-    g, clock = gate(FakeSession([state()]), monkeypatch, [refused, 503, 503, 503, 200])
+    g, clock = gate(unit_session([state()]), monkeypatch, [refused, 503, 503, 503, 200])
     assert g.wait_healthy() == 15.0
     assert clock.sleeps == [1.0, 2.0, 4.0, 8.0]
     monkeypatch.setattr(health, "request", lambda *a, **k: chat("The capital of France is Paris."))
@@ -185,7 +155,7 @@ def test_waits_with_backoff_then_smoke_passes(monkeypatch):
 
 
 def test_smoke_payload_and_address(monkeypatch):
-    g, _ = gate(FakeSession([state()]), monkeypatch, [200, chat("paris")], host="10.0.0.5", port=31000)
+    g, _ = gate(unit_session([state()]), monkeypatch, [200, chat("paris")], host="10.0.0.5", port=31000)
     assert g.run("qwen")["smoke_answer"] == "paris"
     (_, _, addr, port, _), (method, path, _, _, payload) = g.asked
     assert (addr, port, method, path) == ("10.0.0.5", 31000, "POST", "/v1/chat/completions")
@@ -193,7 +163,7 @@ def test_smoke_payload_and_address(monkeypatch):
 
 
 def test_deadline_counts_from_the_service_start_and_shows_the_journal(monkeypatch):
-    session = FakeSession([state(age=50)])
+    session = unit_session([state(age=50)])
     g, clock = gate(session, monkeypatch, [503])
     with pytest.raises(HealthError) as err:
         g.wait_healthy()
@@ -204,7 +174,7 @@ def test_deadline_counts_from_the_service_start_and_shows_the_journal(monkeypatc
 
 
 def test_restart_by_systemd_fails_early(monkeypatch):
-    session = FakeSession([state(), state(restarts=1, pid=77)])
+    session = unit_session([state(), state(restarts=1, pid=77)])
     g, clock = gate(session, monkeypatch, [paramiko.ChannelException(2, "Connect failed")])
     with pytest.raises(HealthError, match="systemd restarted it"):
         g.wait_healthy()
@@ -212,20 +182,20 @@ def test_restart_by_systemd_fails_early(monkeypatch):
 
 
 def test_stopped_unit_fails_at_once(monkeypatch):
-    g, _ = gate(FakeSession([state(active="failed")]), monkeypatch, [200])
+    g, _ = gate(unit_session([state(active="failed")]), monkeypatch, [200])
     with pytest.raises(HealthError, match="is failed"):
         g.wait_healthy()
 
 
 def test_wrong_smoke_answer_fails_with_the_answer(monkeypatch):
-    g, _ = gate(FakeSession([state()]), monkeypatch, [200, chat("!!!!!!")])
+    g, _ = gate(unit_session([state()]), monkeypatch, [200, chat("!!!!!!")])
     with pytest.raises(HealthError) as err:
         g.run("qwen")
     assert "'!!!!!!'" in str(err.value) and "'Paris'" in str(err.value)
 
 
 def test_smoke_retries_503_then_gives_up(monkeypatch):
-    g, clock = gate(FakeSession([state()]), monkeypatch, [503])
+    g, clock = gate(unit_session([state()]), monkeypatch, [503])
     with pytest.raises(HealthError, match="smoke generation failed: HTTP 503"):
         g.smoke("qwen")
     assert clock.sleeps == [2.0, 4.0, 6.0]

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpufleet.config.inventory import Host, Settings
+from gpufleet.testing.session import FakeSession
 from gpufleet.wheels.push import (OPENSSH_MIN_BYTES, PushError, PushItem, check_command, choose_method, openssh_argv,
                            parse_check, parse_receive, receive_command, validate, write_stream)
 
@@ -193,11 +194,27 @@ def test_states_the_caller_already_read_spare_the_second_check(tmp_path, mocker)
     from gpufleet.wheels import push
 
     items = [_item(tmp_path, "a.whl", b"a"), _item(tmp_path, "b.whl", b"b")]
-    session = SimpleNamespace(name="gpu1", alive=True, run=mocker.Mock(side_effect=AssertionError("no remote check")))
+    session = FakeSession()
     send = mocker.patch.object(push, "_send_paramiko", return_value=("", ""))
     mocker.patch.object(push, "parse_receive")
     report = push.push_files(session, items, states=["absent", "differs"], method="paramiko")
-    assert session.run.call_count == 0
+    assert session.calls == []  # no remote check
     assert send.call_args.args[1] == items and report.method == "paramiko"
     with pytest.raises(ValueError, match="1 states for 2 files"):
         push.push_files(session, items, states=["absent"])
+
+
+def test_the_paramiko_path_streams_into_an_exec_channel_of_the_session(tmp_path):
+    from gpufleet.wheels import push
+
+    items = [_item(tmp_path, "a.whl", b"a" * 5000), _item(tmp_path, "b.whl", b"b")]
+    session = FakeSession({"channel": (0, "@@push 0 ok\n@@push 1 ok\n")})
+    sent = []
+    out, err = push._send_paramiko(session, items, lambda item, size, seconds: sent.append((item, size)))
+    assert session.calls == [("channel", receive_command(items))]
+    assert sent == [(items[0], 5000), (items[1], 1)] and out == "@@push 0 ok\n@@push 1 ok\n" and err == ""
+    [chan] = session.channels
+    assert chan.write_shut and chan.closed
+    done = _run_local(receive_command(items), bytes(chan.sent))  # what went into the channel unpacks on a host
+    parse_receive("gpu1", items, done.stdout.decode(), done.stderr.decode())
+    assert Path(items[0].remote).read_bytes() == b"a" * 5000 and Path(items[1].remote).read_bytes() == b"b"
