@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from gpufleet.plan import Upload
-from gpufleet.engine.ssh import Result
+from gpufleet.testing.session import FakeSession
 from gpufleet.wheels.wheelset import REPORT_MARK
 
 PIP_WHEEL = "/var/cache/gpufleet/tools/pip-26.3-py3-none-any.whl"
@@ -25,14 +25,12 @@ def report(*wheels: tuple[str, str], base: str = "http://10.0.0.1:8765/files", h
 
 def resolving_probe(answers: dict[str, str], host: str = "gpu1", code: int = 0):
     """A probe answering resolve commands (step names start with '<role>: resolve') by role; records commands."""
-    asked = []
+    session = FakeSession(name=host, default=(1, ""))
+    session.on(lambda step, cmd: ": resolve " in step and step.split(":")[0] in answers,
+               lambda step, cmd: (code, answers[step.split(":")[0]]))
 
     def probe(cmd, step):
-        asked.append((step, cmd))
-        role = step.split(":")[0]
-        if ": resolve " in step and role in answers:
-            return Result(host, step, cmd.display(), code, answers[role], 0.0)
-        return Result(host, step, cmd.display(), 1, "", 0.0)
+        return session.run(cmd, step, check=False)
 
-    probe.asked = asked
+    probe.asked = session.calls  # (step, cmd) of each
     return probe

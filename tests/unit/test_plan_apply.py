@@ -9,46 +9,24 @@ from types import SimpleNamespace
 
 from gpufleet.fleet.executor import Executor
 from gpufleet.engine.command import Cmd
-from gpufleet.errors import RemoteCommandError
 from gpufleet.facts.model import HostFacts
 from gpufleet.wheels.fetch import WheelCache
 from gpufleet.fleet.hoststate import RunInfo
-from gpufleet.config.inventory import Host
 from gpufleet.plan import PlanError, Step, Unchanged, Upload
-from gpufleet.engine.ssh import Result
 from gpufleet.config.stack import Stack
+from gpufleet.testing.session import FakeSession
 
 RUN = RunInfo("alice", "laptop", 42, "2026-12-02T10:00:00Z", "inv upgrade --host gpu1", token="t0k")
 
 
-class FakeSession:
+def scripted(answers=None) -> FakeSession:
     """Answers by step name: `answers[step] = (exit code, output)`; anything else exits 0 silently."""
+    return FakeSession({"snapshot": (0, "/var/lib/gpufleet/snapshots/20261202T100000Z\n"), "read lock": (1, ""),
+                        **(answers or {})})
 
-    def __init__(self, answers=None):
-        self.host = Host(name="gpu1", address="10.0.0.1")
-        self.name = "gpu1"
-        self.answers = {"snapshot": (0, "/var/lib/gpufleet/snapshots/20261202T100000Z\n"), "read lock": (1, ""),
-                        **(answers or {})}
-        self.calls: list[tuple[str, Cmd]] = []
-        self.put_files: list[tuple[str, str]] = []
-        self.conn = SimpleNamespace(sftp=lambda: SimpleNamespace(put=lambda a, b: self.put_files.append((a, b))))
 
-    def run(self, cmd, step, check=True, timeout=None, echo=None):
-        self.calls.append((step, cmd))
-        code, out = self.answers.get(step, (0, ""))
-        if echo and out:
-            echo(f"[gpu1] {out}")
-        result = Result(self.name, step, cmd.display(), code, out, 0.0)
-        if check and code != 0:
-            raise RemoteCommandError(result, cmd)
-        return result
-
-    @property
-    def steps(self) -> list[str]:
-        return [s for s, _ in self.calls]
-
-    def audit_records(self) -> list[dict]:
-        return [json.loads(cmd.argv[-1]) for s, cmd in self.calls if s == "audit log"]
+def audit_records(session) -> list[dict]:
+    return [json.loads(cmd.argv[-1]) for s, cmd in session.calls if s == "audit log"]
 
 
 def role(name, *items_per_call):
@@ -83,7 +61,7 @@ def test_dry_run_plans_every_role_against_todays_facts_and_touches_nothing():
     a = role("a", [step("one"), Unchanged("a", "fine")])
     b = role("b", [step("two")])
     up, _, reads = upgrade([a, b], dry_run=True)
-    session = FakeSession()
+    session = scripted()
     report = up.host(session, Stack())
     assert [e.status for e in report.entries] == ["planned", "unchanged", "planned"]
     assert a.seen == b.seen == ["facts#1"] and reads == [1]
@@ -92,7 +70,7 @@ def test_dry_run_plans_every_role_against_todays_facts_and_touches_nothing():
 
 
 def test_dry_run_reports_who_holds_the_lock():
-    session = FakeSession({"read lock": (0, "holder=bob@ws\npid=7\n")})
+    session = scripted({"read lock": (0, "holder=bob@ws\npid=7\n")})
     up, _, _ = upgrade([role("a", [])], dry_run=True)
     assert up.host(session, Stack()).lock_holder == "bob@ws (pid 7)"
 
@@ -102,14 +80,14 @@ def test_apply_order_lock_check_snapshot_run_verify_reread_audit_unlock():
     a = role("a", [s1])
     b = role("b", [Unchanged("b", "fine")])
     up, lines, reads = upgrade([a, b])
-    session = FakeSession()
+    session = scripted()
     report = up.host(session, Stack())
     assert session.steps == ["lock", "one: still needed?", "snapshot", "one", "one: verify", "audit log", "unlock"]
     assert a.seen == ["facts#1"] and b.seen == ["facts#2"]  # b plans against the host as a left it
     assert [e.status for e in report.entries] == ["changed", "unchanged"]
     assert report.snapshot == "/var/lib/gpufleet/snapshots/20261202T100000Z"
     assert "[gpu1] r: one" in lines
-    [record] = session.audit_records()
+    [record] = audit_records(session)
     assert record["who"] == "alice@laptop" and record["outcome"] == "ok" and record["changed"] == ["r: one"]
     assert record["unchanged"] == ["b: fine"] and record["snapshot"] == report.snapshot
 
@@ -118,7 +96,7 @@ def test_needed_saying_done_skips_the_step_without_snapshot_or_reread():
     a = role("a", [step("one", needed=Cmd.of("need"))])
     b = role("b", [])
     up, _, reads = upgrade([a, b])
-    session = FakeSession({"one: still needed?": (1, "")})
+    session = scripted({"one: still needed?": (1, "")})
     report = up.host(session, Stack())
     assert report.entries[0].status == "done-already" and report.snapshot is None
     assert "one" not in session.steps and "snapshot" not in session.steps
@@ -127,7 +105,7 @@ def test_needed_saying_done_skips_the_step_without_snapshot_or_reread():
 
 def test_snapshot_is_taken_once_before_the_first_change():
     up, _, _ = upgrade([role("a", [step("one"), step("two")])])
-    session = FakeSession()
+    session = scripted()
     up.host(session, Stack())
     assert session.steps.count("snapshot") == 1
     assert session.steps.index("snapshot") < session.steps.index("one")
@@ -136,7 +114,7 @@ def test_snapshot_is_taken_once_before_the_first_change():
 def test_check_only_step_needs_no_snapshot_and_changes_nothing():
     check = Step(role="verify", title="verify it", reason="r", commands=(), verify=(Cmd.of("check"),))
     up, _, reads = upgrade([role("verify", [check])])
-    session = FakeSession()
+    session = scripted()
     report = up.host(session, Stack())
     assert report.entries[0].status == "verified" and "snapshot" not in session.steps
     assert session.steps == ["lock", "verify it", "audit log", "unlock"]
@@ -146,7 +124,7 @@ def test_failed_step_stops_the_host_releases_the_lock_and_says_what_next():
     a = role("a", [step("one"), step("two")])
     b = role("b", [step("three")])
     up, _, _ = upgrade([a, b])
-    session = FakeSession({"one": (1, "ERROR: No matching distribution found for torch==9")})
+    session = scripted({"one": (1, "ERROR: No matching distribution found for torch==9")})
     report = up.host(session, Stack())
     assert report.outcome == "failed" and not report.ok
     assert "host gpu1: step 'one' failed: `do one` returned exit code 1" in report.error
@@ -156,20 +134,20 @@ def test_failed_step_stops_the_host_releases_the_lock_and_says_what_next():
     assert [e.status for e in report.entries] == ["failed"]
     assert b.seen == [] and "two" not in session.steps
     assert session.steps[-2:] == ["audit log", "unlock"]
-    [record] = session.audit_records()
+    [record] = audit_records(session)
     assert record["outcome"] == "failed" and record["failed"] == {"step": "r: one"}
 
 
 def test_a_needed_check_that_breaks_is_a_failure():
     up, _, _ = upgrade([role("a", [step("one", needed=Cmd.of("need"))])])
-    report = up.host(FakeSession({"one: still needed?": (127, "python: not found")}), Stack())
+    report = up.host(scripted({"one: still needed?": (127, "python: not found")}), Stack())
     assert report.outcome == "failed" and "exit code 127" in report.error
 
 
 def test_failure_shows_inline_scripts_abbreviated():
     long = step("one", commands=(Cmd.of("python", "-c", "import x\nx.y()\n", '{"a": 1}'),))
     up, _, _ = upgrade([role("a", [long])])
-    report = up.host(FakeSession({"one": (1, "boom")}), Stack())
+    report = up.host(scripted({"one": (1, "boom")}), Stack())
     assert "`python -c <script, 2 lines> '{\"a\": 1}'` returned exit code 1" in report.error
 
 
@@ -177,21 +155,21 @@ def test_locked_host_is_refused_naming_the_holder():
     a = role("a", [step("one")])
     up, _, reads = upgrade([a])
     holder = "holder=bob@ws\npid=7\nstarted=2026-12-02T09:00:00Z\ncommand=inv upgrade --hosts all\ntoken=x\n"
-    session = FakeSession({"lock": (3, holder)})
+    session = scripted({"lock": (3, holder)})
     report = up.host(session, Stack())
     assert report.outcome == "locked"
     assert ("host gpu1 is locked by bob@ws (pid 7, since 2026-12-02T09:00:00Z, running `inv upgrade --hosts all`)"
             in report.error)
     assert "/var/lib/gpufleet/lock" in report.next_step
     assert reads == [0] and a.seen == [] and "unlock" not in session.steps
-    assert session.audit_records()[0]["outcome"] == "locked"
+    assert audit_records(session)[0]["outcome"] == "locked"
 
 
 def test_plan_error_fails_the_host_and_releases_the_lock():
     def plan(ctx):
         raise PlanError("gpu1", "a", "no package list")
     up, _, _ = upgrade([SimpleNamespace(name="a", plan=plan)])
-    session = FakeSession()
+    session = scripted()
     report = up.host(session, Stack())
     assert report.outcome == "failed" and "role a cannot plan: no package list" in report.error
     assert session.steps[-1] == "unlock"
@@ -205,7 +183,7 @@ def test_upload_skips_a_wheel_already_on_the_host_and_pushes_a_missing_one(tmp_p
     s = step("one", uploads=(up_item,))
     pushed = mocker.patch("gpufleet.wheels.push.push_files")
     upgrade_run, _, _ = upgrade([role("a", [s])], wheels=WheelCache(tmp_path / "cache"))
-    session = FakeSession({"one: which wheels are on the host?": (0, "@@push 0 present\n")})
+    session = scripted({"one: which wheels are on the host?": (0, "@@push 0 present\n")})
     report = upgrade_run.host(session, Stack())
     assert report.ok, report.error
     assert pushed.call_count == 0
@@ -213,7 +191,7 @@ def test_upload_skips_a_wheel_already_on_the_host_and_pushes_a_missing_one(tmp_p
                               "sha256": sha}]
 
     upgrade_run, _, _ = upgrade([role("a", [s])], wheels=WheelCache(tmp_path / "cache"))
-    session = FakeSession({"one: which wheels are on the host?": (0, "@@push 0 absent\n")})
+    session = scripted({"one: which wheels are on the host?": (0, "@@push 0 absent\n")})
     report = upgrade_run.host(session, Stack())
     assert report.ok, report.error
     [call] = pushed.call_args_list
@@ -228,7 +206,7 @@ def test_a_wheel_without_a_published_hash_is_hashed_by_the_control_node(tmp_path
     pushed = mocker.patch("gpufleet.wheels.push.push_files")
     upgrade_run, _, _ = upgrade([role("a", [step("one", uploads=(up_item,))])],
                                 wheels=WheelCache(tmp_path / "cache"))
-    session = FakeSession({"one: which wheels are on the host?": (0, "@@push 0 absent\n")})
+    session = scripted({"one: which wheels are on the host?": (0, "@@push 0 absent\n")})
     report = upgrade_run.host(session, Stack())
     assert report.ok, report.error
     [item] = pushed.call_args_list[0].args[1]
@@ -237,7 +215,7 @@ def test_a_wheel_without_a_published_hash_is_hashed_by_the_control_node(tmp_path
 
 def test_report_json_shape():
     up, _, _ = upgrade([role("a", [step("one"), Unchanged("a", "fine")])])
-    data = up.host(FakeSession(), Stack()).to_json()
+    data = up.host(scripted(), Stack()).to_json()
     assert data["host"] == "gpu1" and data["outcome"] == "ok" and data["changed"] == ["r: one"]
     assert data["entries"][0]["kind"] == "step" and data["entries"][0]["status"] == "changed"
     assert data["entries"][0]["commands"] == ["do one"]

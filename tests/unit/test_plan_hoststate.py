@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.fleet.hoststate import HostClaimedError, RunInfo, claim_host, describe_holder
-from gpufleet.engine.ssh import Result
+from gpufleet.testing.session import FakeSession
 
 
 def test_holder_text_round_trips_into_a_description():
@@ -29,16 +29,6 @@ def test_current_run_has_a_fresh_token():
     assert RunInfo.current("inv x").token != RunInfo.current("inv x").token
 
 
-class _Session:
-    name = "gpu1"
-
-    def __init__(self, code, out):
-        self.code, self.out = code, out
-
-    def run(self, cmd, step, check=True, timeout=None, echo=None):
-        return Result("gpu1", step, cmd.display(), self.code, self.out, 0.0)
-
-
 def test_lock_held_names_the_holder():
     with pytest.raises(HostClaimedError, match=r"host gpu1 is locked by bob@ws \(pid 7\)"):
-        claim_host(_Session(3, "holder=bob@ws\npid=7\n"), RunInfo.current("inv upgrade"))
+        claim_host(FakeSession(default=(3, "holder=bob@ws\npid=7\n")), RunInfo.current("inv upgrade"))

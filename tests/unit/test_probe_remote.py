@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 from gpufleet.fleet import health
 from gpufleet.probe import on_host
@@ -11,8 +10,8 @@ from gpufleet.fleet.health import HttpResponse
 from gpufleet.config.inventory import Host
 from gpufleet.probe.candidates import Candidate
 from gpufleet.probe.on_host import CandidateGate, HostProber, port_free_cmd, start_cmd, stop_cmd
-from gpufleet.engine.ssh import Result
 from gpufleet.config.stack import Stack, stack_for_host
+from gpufleet.testing.session import FakeSession
 
 HOST = Host(name="gpu1", address="10.0.0.1")
 
@@ -34,22 +33,16 @@ def test_stop_and_port_commands_are_plain_argv():
 
 
 def test_candidate_gate_watches_the_transient_unit():
-    session = SimpleNamespace(host=HOST, name="gpu1")
+    session = FakeSession(host=HOST)
     gate = CandidateGate(session, Stack(), probe_unit="gpufleet-probe-ab-1.service")
     assert gate.unit == "gpufleet-probe-ab-1.service" and gate.address == "127.0.0.1"
 
 
-class FakeSession:
+def probe_session() -> FakeSession:
     """Answers the probe's commands: unit state active, journal on demand; records every command."""
-
-    def __init__(self):
-        self.host, self.name, self.commands = HOST, "gpu1", []
-
-    def run(self, cmd, step, check=True, timeout=None, echo=None):
-        self.commands.append((step, cmd))
-        out = {"venv python": "3.12\n", "unit state": "ActiveState=active\nSubState=running\nNRestarts=0\n"
-               "MainPID=7\nAge=0\n", "journal": "Dec 03 01:51:53 gpu1 x[1]: RuntimeError: boom\n"}.get(step, "")
-        return Result("gpu1", step, cmd.display(), 0, out, 0.0)
+    return FakeSession({"venv python": (0, "3.12\n"),
+                        "unit state": (0, "ActiveState=active\nSubState=running\nNRestarts=0\nMainPID=7\nAge=0\n"),
+                        "journal": (0, "Dec 03 01:51:53 gpu1 x[1]: RuntimeError: boom\n")}, host=HOST)
 
 
 def chat(text: str, tokens: int) -> HttpResponse:
@@ -70,17 +63,17 @@ def test_one_candidate_is_started_gated_asked_timed_and_stopped(monkeypatch):
         return next((r for k, r in replies.items() if k in prompt), chat("w " * 50, 50))
 
     monkeypatch.setattr(health, "request", fake_request)
-    session = FakeSession()
+    session = probe_session()
     out = HostProber(session, host_stack, Stack(), "abcdef123456").try_candidate(
         3, Candidate("triton", "flashinfer_cutlass", "flashinfer_cutlass", None))
     assert out.outcome == "correct" and out.unit == "gpufleet-probe-abcdef12-3.service"
     assert out.tokens_per_second and out.tokens_per_second > 0 and out.load_seconds is not None
     assert [a["answer"] for a in out.answers] == ["Paris", "42", "elppa"]
     assert asked[-1]["max_tokens"] == 50 and asked[-1]["ignore_eos"] is True
-    steps = [s for s, _ in session.commands]
+    steps = [s for s, _ in session.calls]
     assert steps[0] == "venv python" and steps[1] == "start gpufleet-probe-abcdef12-3.service"
     assert steps[-2:] == ["stop gpufleet-probe-abcdef12-3.service", "port free"]
-    started = list(session.commands[1][1].argv)
+    started = list(session.calls[1][1].argv)
     assert started[started.index("--fp4-gemm-backend") + 1] == "flashinfer_cutlass"
 
 
@@ -88,16 +81,9 @@ def test_a_candidate_that_dies_is_recorded_with_its_journal_and_stopped(monkeypa
     def refused(*args, **kwargs):
         raise health.HttpError("empty response")
 
-    class Dying(FakeSession):
-        def run(self, cmd, step, check=True, timeout=None, echo=None):
-            if step == "unit state":
-                self.commands.append((step, cmd))
-                return Result("gpu1", step, "", 0, "ActiveState=failed\nSubState=failed\n", 0.0)
-            return super().run(cmd, step, check, timeout, echo)
-
     monkeypatch.setattr(health, "request", refused)
-    session = Dying()
+    session = probe_session().on("unit state", (0, "ActiveState=failed\nSubState=failed\n"))  # it dies
     out = HostProber(session, Stack(), Stack(), "tok").try_candidate(1, Candidate("a", "m", "f", None))
     assert out.outcome == "failed" and out.reason == "RuntimeError: boom"
-    assert [s for s, _ in session.commands][-2:] == ["stop gpufleet-probe-tok-1.service", "port free"]
+    assert [s for s, _ in session.calls][-2:] == ["stop gpufleet-probe-tok-1.service", "port free"]
     assert on_host.probe_unit("tok", 1) == "gpufleet-probe-tok-1.service"

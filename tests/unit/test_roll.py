@@ -7,6 +7,7 @@ import json
 import pytest
 
 from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.testing.session import FakeSession
 from gpufleet.fleet.roll import HostResult, Roll, RollSummary, RunRecord, batch_size, last_stopped, plan_batches
 
 HOSTS = ["gpu1", "gpu2", "gpu3", "gpu4", "gpu5"]
@@ -37,11 +38,6 @@ def test_unknown_canary_is_an_error():
         plan_batches(HOSTS, "gpu9", "1")
 
 
-class FakeSession:
-    def __init__(self, name):
-        self.name, self.results = name, []
-
-
 class FakeHost:
     def __init__(self, name):
         self.name = name
@@ -52,7 +48,7 @@ def _roll(monkeypatch, fail: set[str], max_fail: int = 0, recover=True):
     from gpufleet.engine.runner import HostOutcome
 
     def fake_for_each(hosts, inventory, work, secrets=()):
-        return [HostOutcome(h.name, value=work(FakeSession(h.name))) for h in hosts]
+        return [HostOutcome(h.name, value=work(FakeSession(name=h.name))) for h in hosts]
 
     monkeypatch.setattr(roll_mod, "for_each_host", fake_for_each)
     order = []
