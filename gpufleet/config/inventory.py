@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fnmatch
+
 import ipaddress
 import re
 from dataclasses import dataclass, field
@@ -254,15 +256,24 @@ def _check_jump_chain(path: Path, hosts: dict[str, Host], host: Host) -> None:
 
 
 def select_hosts(inv: Inventory, spec: str) -> list[Host]:
-    """Hosts named by spec ('gpu1', 'gpu1,gpu2', a group, 'all', or a mix), in inventory order, once each."""
-    wanted: set[str] = set()
+    """Hosts named by spec, in inventory order, once each: comma-separated names, groups, `all`, shell-style
+    patterns (`gpu*`, `gpu[1-3]`), and `!part` to leave out what part names (`gpu*,!gpu3`; only `!` parts start
+    from all hosts)."""
     parts = [p.strip() for p in spec.split(",") if p.strip()]
-    if not parts:
-        raise ConfigError(str(inv.path), "empty host selection; name hosts, groups or 'all'",
+    if not parts or all(p == "!" for p in parts):
+        raise ConfigError(str(inv.path), "empty host selection; name hosts, groups, patterns like 'gpu*' or 'all'",
                           value=spec, has_value=True)
-    for part in parts:
+    keep = [p for p in parts if not p.startswith("!")]
+    drop = [p[1:].strip() for p in parts if p.startswith("!")]
+    wanted: set[str] = set(inv.hosts) if not keep else set()
+    for part in keep:
         wanted.update(_expand(inv, part))
-    return [h for name, h in inv.hosts.items() if name in wanted]
+    for part in drop:
+        wanted.difference_update(_expand(inv, part))
+    chosen = [h for name, h in inv.hosts.items() if name in wanted]
+    if not chosen:
+        raise ConfigError(str(inv.path), "the host selection leaves no host", value=spec, has_value=True)
+    return chosen
 
 
 def _expand(inv: Inventory, part: str) -> list[str]:
@@ -272,6 +283,16 @@ def _expand(inv: Inventory, part: str) -> list[str]:
         return [part]
     if part in inv.groups:
         return inv.groups[part]
+    if any(c in part for c in "*?["):
+        # a pattern names hosts and the hosts of groups it matches, as Ansible's do
+        names = [n for n in inv.hosts if fnmatch.fnmatchcase(n, part)]
+        for group, members in inv.groups.items():
+            if fnmatch.fnmatchcase(group, part):
+                names += members
+        if names:
+            return names
+        raise ConfigError(str(inv.path), f"host pattern {part!r} matches no host or group; known hosts: "
+                          f"{', '.join(inv.hosts)}", value=part, has_value=True)
     groups = ", ".join(inv.groups) or "none"
     raise ConfigError(str(inv.path), f"unknown host or group {part!r} in host selection; known hosts: "
                       f"{', '.join(inv.hosts)}; known groups: {groups}; or 'all'", value=part, has_value=True)

@@ -13,6 +13,7 @@ from typing import Callable
 import paramiko
 from fabric import Config, Connection
 
+from gpufleet.engine import openssh
 from gpufleet.engine.command import Cmd, mask
 from gpufleet.errors import HostKeyError, RemoteCommandError, UnreachableError
 from gpufleet.engine.output import HostLines
@@ -44,28 +45,18 @@ class Result:
         return "\n".join(self.output.rstrip("\n").splitlines()[-lines:])
 
 
-class _AcceptNew(paramiko.MissingHostKeyPolicy):
-    """OpenSSH's accept-new: record a host's first key; a changed key still fails (paramiko never asks then)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def missing_host_key(self, client, hostname, key):
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+def _transport_offering_certificates(sock, **kwargs) -> paramiko.Transport:
+    """A transport that asks for the host's certificate first (an @cert-authority vouches for the host)."""
+    transport = paramiko.Transport(sock, **kwargs)
+    transport.get_security_options().key_types = openssh.preferred_key_types(certified=True)
+    return transport
 
 
-class _Refuse(paramiko.MissingHostKeyPolicy):
-    def __init__(self, path: Path):
-        self.path = path
-
-    def missing_host_key(self, client, hostname, key):
-        raise HostKeyError(
-            f"host key of {hostname} is not in {self.path} ({key.get_name()} "
-            f"{key.fingerprint if hasattr(key, 'fingerprint') else key.get_base64()[:16]}): refusing to connect. "
-            f"Check the key out of band, then add it (ssh-keyscan) or run once with --accept-new-host-keys")
+def _key_with_certificate(identity: str, certificate: str) -> paramiko.PKey:
+    """The identity's private key carrying the CertificateFile's certificate (OpenSSH's CertificateFile)."""
+    key = paramiko.PKey.from_path(os.path.expanduser(identity))
+    key.load_certificate(os.path.expanduser(certificate))
+    return key
 
 
 class HostSession:
@@ -88,29 +79,52 @@ class HostSession:
         if ssh_config:
             path = os.path.expanduser(str(ssh_config))
             if os.path.exists(path):
-                return Config(runtime_ssh_path=path)
+                return Config(ssh_config=paramiko.SSHConfig.from_text(openssh.expand_includes(path)),
+                              overrides={"load_ssh_configs": False})
         return Config(overrides={"load_ssh_configs": False})
 
     def connection(self) -> Connection:
         """Build (not open) the Fabric connection with the inventory's values over ~/.ssh/config's."""
-        kwargs = {}
+        kwargs: dict = {"allow_agent": True}  # as OpenSSH: an IdentityFile is tried first, the agent still after it
         if self.host.identity_file:
             kwargs["key_filename"] = os.path.expanduser(self.host.identity_file)
         kwargs["look_for_keys"] = not self.host.identity_file
-        kwargs["allow_agent"] = not self.host.identity_file
         conn = Connection(
             self.host.address, user=self.host.user, port=self.host.port, config=self._config(),
             connect_timeout=self.settings.connect_timeout, connect_kwargs=kwargs,
             gateway=self.gateway.connection() if self.gateway else None,
         )
-        known = Path(os.path.expanduser(str(self.settings.known_hosts)))
-        conn.client.get_host_keys().clear()
-        if known.exists():
-            conn.client.load_host_keys(str(known))
-        # Fabric's default AutoAddPolicy trusts any key; a fleet tool must not.
-        policy = _AcceptNew(known) if self.settings.accept_new_host_keys else _Refuse(known)
-        conn.client.set_missing_host_key_policy(policy)
+        certificate = conn.ssh_config.get("certificatefile")
+        if certificate and not self.host.identity_file and conn.ssh_config.get("identityfile"):
+            conn.connect_kwargs["pkey"] = _key_with_certificate(conn.ssh_config["identityfile"][0], certificate[0])
+        self._guard(conn, self.name)
+        if isinstance(conn.gateway, Connection) and self.gateway is None:
+            # a ProxyJump from ssh_config: Fabric builds it with a trust-anything policy; it gets ours
+            self._guard(conn.gateway, f"{self.name}'s jump host {conn.gateway.host}")
         return conn
+
+    def _guard(self, conn: Connection, label: str) -> None:
+        """Judge conn's host key with OpenSSH's files and rules (known_hosts, ssh_known_hosts, @revoked,
+        @cert-authority, StrictHostKeyChecking), never with Fabric's default of trusting any key."""
+        config = conn.ssh_config
+        settings_set = getattr(self.settings, "model_fields_set", set())
+        if "known_hosts" in settings_set or not config.get("userknownhostsfile"):
+            user_files = [Path(os.path.expanduser(str(self.settings.known_hosts)))]
+        else:
+            user_files = [Path(os.path.expanduser(f)) for f in config["userknownhostsfile"].split()]
+        system_files = [Path(os.path.expanduser(f)) for f in config.get("globalknownhostsfile", "").split()] \
+            or [openssh.GLOBAL_KNOWN_HOSTS]
+        known = openssh.KnownHosts.load(user_files + system_files)
+        names = [openssh.host_name(conn.host, conn.port)]
+        strict = str(config.get("stricthostkeychecking", "yes")).lower()
+        strict = {"off": "no", "false": "no", "ask": "yes", "true": "yes", "on": "yes"}.get(strict, strict)
+        if self.settings.accept_new_host_keys:
+            strict = "accept-new" if strict != "no" else strict
+        conn.client.get_host_keys().clear()
+        conn.client.set_missing_host_key_policy(
+            openssh.HostKeyPolicy(known, names, strict=strict, record=user_files[0], host=label))
+        if known.authorities(names):
+            conn.connect_kwargs["transport_factory"] = _transport_offering_certificates
 
     def open(self) -> "HostSession":
         conn = self.connection()
@@ -118,12 +132,6 @@ class HostSession:
             conn.open()
         except HostKeyError:
             raise
-        except paramiko.BadHostKeyException as exc:
-            raise HostKeyError(
-                f"host {self.name} ({self.host.address}): its host key CHANGED "
-                f"(expected {exc.expected_key.get_name()} {exc.expected_key.get_base64()[:24]}..., got "
-                f"{exc.key.get_name()} {exc.key.get_base64()[:24]}...): refusing to connect; if the box was "
-                f"reinstalled, remove the old key from {self.settings.known_hosts} yourself") from None
         except paramiko.AuthenticationException as exc:
             raise UnreachableError(f"host {self.name} ({self.host.address}): authentication failed: {exc}") from None
         except (socket.timeout, TimeoutError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -21,14 +22,17 @@ SUBNET = os.environ.get("GPUFLEET_SIM_SUBNET", "10.213.0")
 RUN_DIR = Path(os.environ.get("GPUFLEET_SIM_RUN", f"/run/gpufleet-sim/{PREFIX}"))
 HOME_DIR = Path(os.environ.get("GPUFLEET_SIM_HOME", f"/var/lib/gpufleet-sim/{PREFIX}"))
 BRIDGE = f"{PREFIX}0"
-VETH_PREFIX = f"{PREFIX[:3]}v-"
+# The whole prefix: a shortened one made `gfs` and `gfsim` share links, and clearing one fleet cut the other's.
+# Linux allows 15 characters: an 8-character prefix, "v-" and "gpu40".
+VETH_PREFIX = f"{PREFIX}v-"
 CONTROL_ADDR = f"{SUBNET}.1"
 INDEX_PORT = 8765
 GIT_PORT = 9418
 # The stand-in GitHub (FetchContent sources): on loopback only, so the control node can fetch from it and the
 # simulated hosts (own network namespaces) cannot, as a real fleet's boxes may not reach github.com.
+# Loopback is shared by every fleet on the machine, so the port follows the fleet's subnet (10.213.0 -> 19213).
 GITHUB_ADDR = "127.0.0.1"
-GITHUB_PORT = 9419
+GITHUB_PORT = 19000 + int(SUBNET.split(".")[1])
 VENV = "/root/venv"
 CHECKOUT = "/root/sglang-main"
 MODEL_PATH = "/models/Qwen3.5-397B-A17B-NVFP4"
@@ -68,7 +72,7 @@ class SimHost:
 
     @property
     def veth(self) -> str:
-        return f"{VETH_PREFIX}{self.name}"[:15]
+        return f"{VETH_PREFIX}{self.name}"
 
 
 @dataclass
@@ -152,8 +156,7 @@ class SimFleet:
         on_progress("building stand-in wheels, package index and upstream sglang repo")
         self._build_artifacts()
         self._bridge_up()
-        state.index_pid, state.git_pid, state.github_pid = self._start_servers()
-        state.save(self.state_path)
+        self._start_servers(state)
         on_progress("building the host template (venv with the old stack, sglang checkout)")
         self._build_template()
         for i in range(1, count + 1):
@@ -278,6 +281,9 @@ class SimFleet:
     # ---- building --------------------------------------------------------------------------------------------------
     @staticmethod
     def require_tools() -> None:
+        if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", PREFIX):
+            raise SimError(f"GPUFLEET_SIM_PREFIX must be 1-8 lower-case letters and digits, starting with a letter "
+                           f"(got {PREFIX!r}): it names links of at most 15 characters")
         if os.geteuid() != 0:
             raise SimError("the simulated fleet needs root (network namespaces, mounts, containers)")
         missing = [t for t in ("systemd-nspawn", "ip", "sshd", "ssh-keygen", "git") if not _which(t)]
@@ -308,24 +314,31 @@ class SimFleet:
         sh("ip", "addr", "add", f"{CONTROL_ADDR}/24", "dev", BRIDGE)
         sh("ip", "link", "set", BRIDGE, "up")
 
-    def _start_servers(self) -> tuple[int, int, int]:
+    def _start_servers(self, state: SimState) -> None:
+        """The package index, the upstream git daemon and the stand-in GitHub; each pid is saved as soon as it runs,
+        so a start that fails halfway leaves nothing clear_leftovers cannot find."""
         from gpufleet.sim import index, upstream
 
-        index_pid = system.spawn_detached(index.serve_index_command(self.index_root, CONTROL_ADDR, INDEX_PORT),
-                                          self.logs / "index.log")
+        index_pid = state.index_pid = system.spawn_detached(
+            index.serve_index_command(self.index_root, CONTROL_ADDR, INDEX_PORT), self.logs / "index.log")
+        state.save(self.state_path)
         # git-daemon itself, not the `git daemon` wrapper, so the recorded pid is the server's.
         daemon = str(Path(sh("git", "--exec-path").stdout.strip()) / "git-daemon")
         git_pid = system.spawn_detached(
             [daemon, "--reuseaddr", "--export-all", f"--base-path={self.upstream_bare.parent}",
              f"--listen={CONTROL_ADDR}", f"--port={GIT_PORT}", str(self.upstream_bare.parent)],
             self.logs / "git-daemon.log")
-        # The stand-in GitHub: git://127.0.0.1:9419/NVIDIA/cutlass stands for https://github.com/NVIDIA/cutlass.
+        state.git_pid = git_pid
+        state.save(self.state_path)
+        # The stand-in GitHub: git://127.0.0.1:<GITHUB_PORT>/NVIDIA/cutlass stands for https://github.com/NVIDIA/cutlass.
         github_root = self.run_dir / "github"
         upstream.build_github(github_root)
         github_pid = system.spawn_detached(
             [daemon, "--reuseaddr", "--export-all", f"--base-path={github_root}",
              f"--listen={GITHUB_ADDR}", f"--port={GITHUB_PORT}", str(github_root)],
             self.logs / "github-daemon.log")
+        state.github_pid = github_pid
+        state.save(self.state_path)
         for addr, port, pid, marker, log in (
                 (CONTROL_ADDR, INDEX_PORT, index_pid, "http.server", "index.log"),
                 (CONTROL_ADDR, GIT_PORT, git_pid, "git-daemon", "git-daemon.log"),
@@ -334,7 +347,6 @@ class SimFleet:
             if not system.pid_alive(pid, marker):
                 raise SimError(f"{marker} exited (is port {port} on {addr} taken?):\n"
                                + (self.logs / log).read_text(errors="replace")[-1500:])
-        return index_pid, git_pid, github_pid
 
     def _build_template(self) -> None:
         """A shared lower layer: what every simulated host has before gpufleet touches it."""

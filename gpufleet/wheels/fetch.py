@@ -5,11 +5,11 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from gpufleet.kernel import sources
+from gpufleet.wheels import download
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.checkout import redact_url
 
@@ -48,8 +48,11 @@ def sha256_of(path: Path) -> str:
 class WheelCache:
     """One per run, shared by the host threads: each URL is fetched (or its cached copy checked) only once."""
 
-    def __init__(self, root: Path | None = None):
+    def __init__(self, root: Path | None = None, *, progress: download.Progress | None = None,
+                 retry: download.Retry = download.Retry()):
         self.root = Path(root) if root else default_cache_dir()
+        self.progress = progress  # told of each download's bytes (a bar on a terminal, lines in a roll)
+        self.retry = retry
         self.downloads: list[str] = []  # URLs fetched over the network during this run
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
@@ -125,23 +128,17 @@ class WheelCache:
             raise FetchError(f"{redact_url(url)}: sha256 is {got}, stack.toml pins {sha256}: refusing the wheel")
 
     def _download(self, url: str, path: Path, sha256: str | None) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_name(path.name + ".part")
-        digest = hashlib.sha256()
+        fetched = path.with_name(path.name + ".fetched")  # replaces a cached copy only once its hash is right
         try:
-            with urllib.request.urlopen(url, timeout=60) as resp, open(part, "wb") as out:
-                while chunk := resp.read(CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-        except (OSError, ValueError) as exc:
-            part.unlink(missing_ok=True)
-            raise FetchError(f"cannot download {redact_url(url)}: {exc}") from None
+            download.download(url, fetched, retry=self.retry, progress=self.progress)
+        except download.DownloadError as exc:
+            raise FetchError(str(exc)) from None
         self.downloads.append(url)
-        if sha256 is not None and digest.hexdigest() != sha256:
-            part.unlink(missing_ok=True)
-            raise FetchError(f"{redact_url(url)}: downloaded sha256 is {digest.hexdigest()}, stack.toml pins {sha256}: "
+        if sha256 is not None and (got := sha256_of(fetched)) != sha256:
+            fetched.unlink(missing_ok=True)
+            raise FetchError(f"{redact_url(url)}: downloaded sha256 is {got}, stack.toml pins {sha256}: "
                              f"refusing the wheel")
-        os.replace(part, path)
+        os.replace(fetched, path)
 
 
 def fetch_pip_wheel(version: str, index_url: str, trusted_hosts=(), root: Path | None = None) -> Path:

@@ -12,6 +12,8 @@ import uuid
 
 import pytest
 
+from gpufleet.sim.fleet import GITHUB_ADDR, GITHUB_PORT
+
 from gpufleet.engine import detached
 from gpufleet.kernel.buildcache import record_path
 from gpufleet.engine.command import Cmd
@@ -144,7 +146,7 @@ def test_second_host_with_the_same_build_key_installs_the_first_hosts_wheel(sim_
         assert "FETCHCONTENT_SOURCE_DIR_REPO-CUTLASS:UNINITIALIZED=/var/cache/gpufleet/sources/repo-cutlass-" in cache \
             or "FETCHCONTENT_SOURCE_DIR_REPO-CUTLASS:PATH=/var/cache/gpufleet/sources/repo-cutlass-" in cache
         # the host cannot reach the sim's "GitHub" (loopback of the control node): the sources came from gpufleet
-        assert sim_fleet.run_on("gpu1", "timeout 10 git ls-remote git://127.0.0.1:9419/NVIDIA/cutlass",
+        assert sim_fleet.run_on("gpu1", f"timeout 10 git ls-remote git://{GITHUB_ADDR}:{GITHUB_PORT}/NVIDIA/cutlass",
                                 check=False).returncode != 0
         # the build left the checkout as it found it: only the two local SM120 edits
         status = sim_fleet.run_on("gpu1", "git -C /root/sglang-main status --porcelain").stdout.split("\n")

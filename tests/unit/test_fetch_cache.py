@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.wheels.download import Retry
 from gpufleet.wheels.fetch import FetchError, WheelCache, fetch_pip_wheel, sha256_of
 
 BODY = b"pretend this is a wheel from an index without hashes"
@@ -83,7 +84,7 @@ def test_sha256_of_a_file_outside_the_cache_is_computed(tmp_path: Path) -> None:
 
 
 def test_unpinned_failure_is_remembered_for_every_host(tmp_path: Path) -> None:
-    cache = WheelCache(tmp_path)
+    cache = WheelCache(tmp_path, retry=Retry(attempts=2, backoff=0))
     url = f"http://127.0.0.1:9/files/{NAME}"
     for _ in range(2):
         with pytest.raises(FetchError, match="cannot download http://127.0.0.1:9/"):

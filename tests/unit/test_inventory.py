@@ -325,10 +325,28 @@ def test_jump_host_resolves_both_forms(tmp_path: Path) -> None:
     ("gpu3,rack-a", ["gpu1", "gpu2", "gpu3"]),
     ("gpu1, gpu1 ,rack-a", ["gpu1", "gpu2"]),
     ("rack-b", ["gpu3"]),
+    ("gpu*", ["gpu1", "gpu2", "gpu3"]),
+    ("gpu*,!gpu3", ["gpu1", "gpu2"]),
+    ("gpu[12]", ["gpu1", "gpu2"]),
+    ("!gpu2", ["gpu1", "gpu3"]),
+    ("all,!rack-a", ["gpu3"]),
+    ("rack-*", ["gpu1", "gpu2", "gpu3"]),
+    ("gpu?,!rack-*", []),
 ])
 def test_select_hosts(tmp_path: Path, spec: str, expected: list[str]) -> None:
     inv = load(tmp_path, VALID)
+    if not expected:
+        with pytest.raises(ConfigError, match="leaves no host"):
+            select_hosts(inv, spec)
+        return
     assert [h.name for h in select_hosts(inv, spec)] == expected
+
+
+def test_a_pattern_matching_nothing_is_named(tmp_path: Path) -> None:
+    inv = load(tmp_path, VALID)
+    with pytest.raises(ConfigError) as info:
+        select_hosts(inv, "gpu1,node*")
+    assert_names(info.value, "inv.toml", "'node*'", "matches no host", "gpu1, gpu2, gpu3")
 
 
 def test_select_unknown_names_it_and_lists_known(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from gpufleet.wheels.download import Retry
 from gpufleet.wheels.fetch import FetchError, WheelCache, wheel_filename
 
 BODY = b"pretend this is a 2 GB wheel"
@@ -84,4 +85,4 @@ def test_file_url_is_checked_not_copied(tmp_path):
 
 def test_unreachable_url_is_a_clear_error(tmp_path):
     with pytest.raises(FetchError, match="cannot download http://127.0.0.1:9/"):
-        WheelCache(tmp_path).get(f"http://127.0.0.1:9/{NAME}", SHA)
+        WheelCache(tmp_path, retry=Retry(attempts=2, backoff=0)).get(f"http://127.0.0.1:9/{NAME}", SHA)

@@ -1,0 +1,77 @@
+"""End to end: host keys judged as OpenSSH judges them, against the real sshd of a simulated host: a host
+certificate signed by an @cert-authority of known_hosts is enough, an @revoked key is refused."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.sim.helpers import inv_json, write_inventory
+
+pytestmark = pytest.mark.sim
+DROP_IN = "etc/ssh/sshd_config.d/gpufleet-test-cert.conf"
+
+
+def _pub(path: Path) -> str:
+    return " ".join(Path(f"{path}.pub").read_text().split()[:2])
+
+
+@pytest.fixture
+def certified_gpu1(sim_fleet, tmp_path):
+    """gpu1's sshd presents its ed25519 key inside a host certificate signed by a CA made here."""
+    ca = tmp_path / "fleet_ca"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ca)], check=True)
+    root = sim_fleet.host_root("gpu1")
+    host_pub = tmp_path / "ssh_host_ed25519_key.pub"
+    host_pub.write_text((root / "etc/ssh/ssh_host_ed25519_key.pub").read_text())
+    address = sim_fleet.host("gpu1").address
+    subprocess.run(["ssh-keygen", "-q", "-s", str(ca), "-h", "-I", "gpu1", "-n", address, "-V", "+1d",
+                    str(host_pub)], check=True)
+    (root / "etc/ssh/ssh_host_ed25519_key-cert.pub").write_text((tmp_path / "ssh_host_ed25519_key-cert.pub")
+                                                                .read_text())
+    drop_in = root / DROP_IN
+    drop_in.parent.mkdir(parents=True, exist_ok=True)
+    drop_in.write_text("HostCertificate /etc/ssh/ssh_host_ed25519_key-cert.pub\n")
+    sim_fleet.run_on("gpu1", "systemctl reload ssh")
+    try:
+        yield ca, address
+    finally:
+        drop_in.unlink()
+        sim_fleet.run_on("gpu1", "systemctl reload ssh")
+
+
+def test_a_host_certificate_from_a_listed_authority_is_enough(sim_fleet, tmp_path, certified_gpu1):
+    ca, address = certified_gpu1
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@cert-authority {address.rsplit('.', 1)[0]}.* {_pub(ca)}\n")
+    path = write_inventory(sim_fleet, tmp_path / "hosts.toml", ["gpu1"], known_hosts=str(known))
+    proc, rows = inv_json("status", "--inventory", str(path))
+    assert rows[0]["reachable"] is True, rows[0].get("error")
+    assert known.read_text().count("\n") == 1  # nothing recorded: the certificate vouched
+
+
+def test_a_revoked_host_key_is_refused_even_with_a_good_certificate(sim_fleet, tmp_path, certified_gpu1):
+    ca, address = certified_gpu1
+    host_key = " ".join((sim_fleet.host_root("gpu1") / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2])
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@cert-authority * {_pub(ca)}\n@revoked * {host_key}\n")
+    path = write_inventory(sim_fleet, tmp_path / "hosts.toml", ["gpu1"], known_hosts=str(known))
+    proc, rows = inv_json("status", "--inventory", str(path), "--accept-new-host-keys")
+    assert rows[0]["reachable"] is False and "REVOKED" in rows[0]["error"]
+
+
+def test_the_system_wide_known_hosts_file_counts(sim_fleet, tmp_path):
+    """A key listed only in the ssh_config's GlobalKnownHostsFile (OpenSSH's /etc/ssh/ssh_known_hosts) is known."""
+    address = sim_fleet.host("gpu1").address
+    host_key = " ".join((sim_fleet.host_root("gpu1") / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2])
+    system = tmp_path / "ssh_known_hosts"
+    system.write_text(f"{address} {host_key}\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host *\n  GlobalKnownHostsFile {system}\n")
+    path = write_inventory(sim_fleet, tmp_path / "hosts.toml", ["gpu1"], known_hosts=str(tmp_path / "empty"),
+                           extra=f'[settings]\nssh_config = "{config}"\n')
+    proc, rows = inv_json("status", "--inventory", str(path))
+    assert rows[0]["reachable"] is True, rows[0].get("error")
+    assert not (tmp_path / "empty").exists()
