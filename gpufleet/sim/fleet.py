@@ -305,7 +305,7 @@ class SimFleet:
             [daemon, "--reuseaddr", "--export-all", f"--base-path={self.upstream_bare.parent}",
              f"--listen={CONTROL_ADDR}", f"--port={GIT_PORT}", str(self.upstream_bare.parent)],
             self.logs / "git-daemon.log")
-        # The stand-in GitHub: git://127.0.0.1:9419/NVIDIA/cutlass stands for https://github.com/NVIDIA/cutlass.
+        # The stand-in GitHub: git://127.0.0.1:<GITHUB_PORT>/NVIDIA/cutlass stands for https://github.com/NVIDIA/cutlass.
         github_root = self.run_dir / "github"
         upstream.build_github(github_root)
         github_pid = system.spawn_detached(

@@ -18,7 +18,7 @@ GIT_PORT = 9418
 # The stand-in GitHub (FetchContent sources): on loopback only, so the control node can fetch from it and the
 # simulated hosts (own network namespaces) cannot, as a real fleet's boxes may not reach github.com.
 GITHUB_ADDR = "127.0.0.1"
-GITHUB_PORT = 9419
+GITHUB_PORT = 19000 + int(SUBNET.split(".")[1])  # one per fleet: loopback is shared by every fleet on the machine
 VENV = "/root/venv"
 CHECKOUT = "/root/sglang-main"
 MODEL_PATH = "/models/Qwen3.5-397B-A17B-NVFP4"
