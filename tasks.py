@@ -3,6 +3,7 @@
 from invoke import Collection, Exit, task
 
 from gpufleet.cli import common as cli
+from gpufleet.cli.target import RollOptions, resolve
 
 _ROLL = {
     "canary": "with several hosts: the host to upgrade first, alone (default: the first selected)",
@@ -28,6 +29,10 @@ def fleet_task(**kwargs):
     return task(auto_shortflags=False, **kwargs)
 
 
+def _roll(canary, batch, max_fail, resume, no_rollback) -> RollOptions:
+    return RollOptions(canary=canary, batch=batch, max_fail=int(max_fail), resume=resume, no_rollback=no_rollback)
+
+
 def _exit(code: int) -> None:
     if code:
         raise Exit(code=code)
@@ -37,7 +42,8 @@ def _exit(code: int) -> None:
 @cli.user_errors
 def facts(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False):
     """Show what a host is: GPUs, OS, CPU/RAM/disk, stack versions in its venv, sglang checkout, service."""
-    _exit(cli.facts(inventory, stack, host, hosts, json, accept_new_host_keys))
+    _exit(cli.facts(resolve("facts", inventory=inventory, stack=stack, host=host, hosts=hosts, json=json,
+                            accept_new_host_keys=accept_new_host_keys, per_host_stacks=False)))
 
 
 @fleet_task(help={**_COMMON, "lock": "compare hosts with this fleet lock instead: every distribution that differs, "
@@ -46,12 +52,14 @@ def facts(c, host=None, hosts=None, inventory=None, stack=None, json=False, acce
 def status(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False, lock=None):
     """Compare each host with stack.toml (or a fleet lock): one row per host, drift highlighted; exit 1 on drift or
     unreachable."""
+    target = resolve("status", inventory=inventory, stack=stack, host=host, hosts=hosts, all_by_default=True,
+                     json=json, accept_new_host_keys=accept_new_host_keys, lock=lock, per_host_stacks=not lock)
     if lock:
         from gpufleet.cli import lock_status as lock_cmd
 
-        _exit(lock_cmd.lock_status(inventory, stack, host, hosts, json, accept_new_host_keys, lock))
+        _exit(lock_cmd.lock_status(target))
     else:
-        _exit(cli.status(inventory, stack, host, hosts, json, accept_new_host_keys))
+        _exit(cli.status(target))
 
 
 @fleet_task(help={**_COMMON,
@@ -61,7 +69,9 @@ def patches(c, host=None, hosts=None, inventory=None, stack=None, json=False, ac
     """Each patch of patches/sglang and patches/sgl-kernel on each host: applied, will apply, upstreamed, conflicts."""
     from gpufleet.cli import patches as patches_cmd
 
-    _exit(patches_cmd.patches(inventory, stack, host, hosts, json, accept_new_host_keys, fetch))
+    _exit(patches_cmd.patches(resolve("patches", inventory=inventory, stack=stack, host=host, hosts=hosts,
+                                      all_by_default=True, json=json, accept_new_host_keys=accept_new_host_keys),
+                              fetch=fetch))
 
 
 @fleet_task(help={**_COMMON, **_ROLL,
@@ -80,13 +90,10 @@ def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, ac
     from gpufleet.cli import roll as roll_cmd
     from gpufleet.cli import upgrade as upgrade_cmd
 
-    if roll_cmd.should_roll(inventory, host, hosts, resume, canary, dry_run):
-        _exit(roll_cmd.roll("upgrade", cli.command_line("upgrade"), inventory, stack, host, hosts, canary, batch,
-                            max_fail, no_rollback, resume, hf_token_file, False, accept_new_host_keys, json,
-                            lock_file=lock))
-    else:
-        _exit(upgrade_cmd.upgrade(inventory, stack, host, hosts, json, accept_new_host_keys, dry_run,
-                                  lock_file=lock))
+    target = resolve("upgrade", inventory=inventory, stack=stack, host=host, hosts=hosts, json=json,
+                     accept_new_host_keys=accept_new_host_keys, dry_run=dry_run, lock=lock,
+                     hf_token_file=hf_token_file, roll=_roll(canary, batch, max_fail, resume, no_rollback))
+    _exit(roll_cmd.roll(target) if target.rolls else upgrade_cmd.upgrade(target))
 
 
 @fleet_task(name="deploy-model", help={
@@ -102,13 +109,11 @@ def deploy_model(c, host=None, hosts=None, inventory=None, stack=None, json=Fals
     from gpufleet.cli import deploy as deploy_cmd
     from gpufleet.cli import roll as roll_cmd
 
-    if roll_cmd.should_roll(inventory, host, hosts, resume, canary, dry_run):
-        _exit(roll_cmd.roll("deploy-model", cli.command_line("deploy-model"), inventory, stack, host, hosts,
-                            canary, batch, max_fail, no_rollback, resume, hf_token_file, download,
-                            accept_new_host_keys, json))
-    else:
-        _exit(deploy_cmd.deploy_model(inventory, stack, host, hosts, dry_run, json, download, hf_token_file,
-                                      accept_new_host_keys))
+    target = resolve("deploy-model", inventory=inventory, stack=stack, host=host, hosts=hosts, json=json,
+                     accept_new_host_keys=accept_new_host_keys, dry_run=dry_run, token=True,
+                     hf_token_file=hf_token_file, download=download,
+                     roll=_roll(canary, batch, max_fail, resume, no_rollback))
+    _exit(roll_cmd.roll(target) if target.rolls else deploy_cmd.deploy_model(target))
 
 
 @fleet_task(help={**_COMMON, "snapshot": "restore this snapshot directory (default: the host's newest)",
@@ -119,7 +124,10 @@ def rollback(c, host=None, hosts=None, inventory=None, stack=None, snapshot=None
     """Put hosts back on the snapshot taken before their last upgrade: exact venv, sglang HEAD and edits, unit."""
     from gpufleet.cli import rollback as rollback_cmd
 
-    _exit(rollback_cmd.rollback_hosts(inventory, stack, host, hosts, snapshot, dry_run, json, accept_new_host_keys))
+    _exit(rollback_cmd.rollback_hosts(resolve("rollback", inventory=inventory, stack=stack, host=host, hosts=hosts,
+                                              json=json, accept_new_host_keys=accept_new_host_keys, dry_run=dry_run,
+                                              per_host_stacks=False),
+                                      snapshot=snapshot))
 
 
 @fleet_task(name="probe-backends", help={
@@ -136,8 +144,10 @@ def probe_backends(c, host=None, hosts=None, inventory=None, stack=None, json=Fa
     correct set); hosts are probed one after another under their host lock. Exit 1 when no set was correct."""
     from gpufleet.cli import probe as probe_cmd
 
-    _exit(probe_cmd.probe_backends(inventory, stack, host, hosts, apply, dry_run, json, hf_token_file,
-                                   accept_new_host_keys))
+    _exit(probe_cmd.probe_backends(resolve("probe-backends", inventory=inventory, stack=stack, host=host,
+                                           hosts=hosts, json=json, accept_new_host_keys=accept_new_host_keys,
+                                           dry_run=dry_run, token=apply, hf_token_file=hf_token_file),
+                                   apply=apply))
 
 
 @task(name="up", help={"count": "how many simulated GPU servers to boot (default 3)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke import Exit
 
@@ -13,8 +14,11 @@ from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.facts.gather import gather_facts
 from gpufleet.config.inventory import Inventory, load_inventory, select_hosts
 from gpufleet.engine.runner import for_each_host
-from gpufleet.config.stack import Stack, host_stacks, load_stack
+from gpufleet.config.stack import Stack, load_stack
 from gpufleet.fleet.status import compare, unreachable
+
+if TYPE_CHECKING:
+    from gpufleet.cli.target import Target
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_INVENTORY = "hosts/sim.toml"
@@ -63,10 +67,10 @@ def selection(inv: Inventory, host: str | None, hosts: str | None, default: str 
     return select_hosts(inv, spec)
 
 
-def facts(inventory=None, stack=None, host=None, hosts=None, as_json=False, accept_new_host_keys=False) -> int:
-    inv, _ = load(inventory, stack, accept_new_host_keys)
-    chosen = selection(inv, host, hosts, default=None)
-    outcomes = for_each_host(chosen, inv, gather_facts)
+def facts(target: Target) -> int:
+    """`inv facts`: each selected host's facts, as tables or JSON; 1 when any host could not be read."""
+    as_json = target.json
+    outcomes = for_each_host(list(target.hosts), target.inventory, gather_facts)
     data, failed = [], 0
     for out in outcomes:
         if out.ok:
@@ -83,15 +87,14 @@ def facts(inventory=None, stack=None, host=None, hosts=None, as_json=False, acce
     return 1 if failed else 0
 
 
-def status(inventory=None, stack=None, host=None, hosts=None, as_json=False, accept_new_host_keys=False) -> int:
-    inv, base = load(inventory, stack, accept_new_host_keys)
-    chosen = selection(inv, host, hosts)
-    stacks = host_stacks(base, inv, chosen)  # bad overrides fail here, before any connection
-    outcomes = for_each_host(chosen, inv, gather_facts)
+def status(target: Target) -> int:
+    """`inv status`: each selected host against its stack (overrides resolved before any connection)."""
+    stacks = target.stacks
+    outcomes = for_each_host(list(target.hosts), target.inventory, gather_facts)
     rows = []
-    for h, out in zip(chosen, outcomes):
+    for h, out in zip(target.hosts, outcomes):
         rows.append(compare(h, stacks[h.name], out.value) if out.ok else unreachable(h.name, out.error, out.kind))
-    if as_json:
+    if target.json:
         render.print_json([r.to_json() for r in rows])
     else:
         render.print_status(rows)

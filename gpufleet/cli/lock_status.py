@@ -8,18 +8,16 @@ from rich.table import Table
 from gpufleet.config import lock
 from gpufleet.fleet import lockstate
 from gpufleet.cli import render
-from gpufleet.cli.common import load, selection
+from gpufleet.cli.target import Target
 from gpufleet.engine.runner import for_each_host
 
 
-def lock_status(inventory, stack, host, hosts, as_json: bool, accept_new_host_keys: bool, lock_file: str) -> int:
-    """0 when every selected host matches the lock (extras are shown, not counted), 1 otherwise."""
-    found = lock.load(lock_file)  # a bad lock fails here, before any connection
-    inv, _ = load(inventory, stack, accept_new_host_keys)
-    chosen = selection(inv, host, hosts)
-    outcomes = for_each_host(chosen, inv, lambda session: lockstate.drift(session, found))
+def lock_status(target: Target) -> int:
+    """0 when every selected host matches target.lock (extras are shown, not counted), 1 otherwise."""
+    found = target.lock  # a bad lock failed in resolve(), before any connection
+    outcomes = for_each_host(list(target.hosts), target.inventory, lambda session: lockstate.drift(session, found))
     rows = [(o.host, o.value if o.ok else None, o.error) for o in outcomes]
-    if as_json:
+    if target.json:
         render.print_json({"lock": found.path, "canary": found.lock.canary, "created": found.lock.created,
                            "hosts": [d.to_json() if d else {"host": h, "matches": False, "error": err}
                                      for h, d, err in rows]})

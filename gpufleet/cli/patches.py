@@ -5,10 +5,10 @@ from __future__ import annotations
 from rich.table import Table
 
 from gpufleet.cli import render
-from gpufleet.cli.common import REPO, load, selection
+from gpufleet.cli.common import REPO
+from gpufleet.cli.target import Target
 from gpufleet.errors import UnreachableError
 from gpufleet.engine.runner import for_each_host
-from gpufleet.config.stack import host_stacks
 from gpufleet.roles.patches import (APPLIED, CONFLICTS, NO_EFFECT, UPSTREAMED, WILL_APPLY, HostPatches, decide,
                            stack_series, status_command)
 
@@ -27,22 +27,19 @@ def gather(session, stack, fetch: bool = True) -> HostPatches:
     return decide(host.name, result.output, series)
 
 
-def patches(inventory=None, stack=None, host=None, hosts=None, as_json=False, accept_new_host_keys=False,
-            fetch=True) -> int:
+def patches(target: Target, *, fetch: bool = True) -> int:
     """Exit 0 when every host answered and no patch conflicts or lost its effect, else 1."""
-    inv, base = load(inventory, stack, accept_new_host_keys)
-    chosen = selection(inv, host, hosts)
-    stacks = host_stacks(base, inv, chosen)  # bad overrides and series files fail here, before any connection
-    for h in chosen:
+    stacks = target.stacks  # bad overrides failed in resolve(); bad series files fail here, before any connection
+    for h in target.hosts:
         stack_series(stacks[h.name], REPO)
-    outcomes = for_each_host(chosen, inv, lambda s: gather(s, stacks[s.host.name], fetch))
+    outcomes = for_each_host(list(target.hosts), target.inventory, lambda s: gather(s, stacks[s.host.name], fetch))
     rows = []
     for out in outcomes:
         if out.ok:
             rows.append(out.value.to_json())
         else:
             rows.append({"host": out.host, "reachable": False, "error": out.error, "kind": out.kind, "patches": []})
-    if as_json:
+    if target.json:
         render.print_json(rows)
     else:
         print_patches(rows)

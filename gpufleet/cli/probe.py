@@ -12,7 +12,8 @@ from pathlib import Path
 
 from gpufleet.fleet import hoststate
 from gpufleet.cli import render
-from gpufleet.cli.common import REPO, command_line, load, selection
+from gpufleet.cli.common import REPO
+from gpufleet.cli.target import Target
 from gpufleet.engine.command import mask
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.fleet.health import Gate
@@ -27,6 +28,7 @@ from gpufleet.probe.view import candidates_table, outcomes_table
 from gpufleet.fleet.roll import runs_dir, utc_stamp
 from gpufleet.engine.runner import session_for
 from gpufleet.config.stack import host_stacks
+from gpufleet.fleet.procedures import deploy_one
 from gpufleet.roles.model_server import served_name
 
 
@@ -195,7 +197,6 @@ class ProbeRun:
         """Write the chosen set into the host's inventory entry, then redeploy through deploy-model's path."""
         # Imported here: the executor is only needed by --apply (a probe without it never changes the host's stack).
         from gpufleet.fleet.executor import Executor
-        from gpufleet.cli.deploy import deploy_one
         from gpufleet.roles.model_server import ModelServer
 
         changes = settings_changes(report.chosen.candidate, host_stack, self.base)
@@ -231,27 +232,19 @@ def _host_say(say, host: str):
     return lambda line: say(f"[{host}] {line}")
 
 
-def probe_backends(inventory=None, stack=None, host=None, hosts=None, apply=False, dry_run=False, as_json=False,
-                   hf_token_file=None, accept_new_host_keys=False) -> int:
+def probe_backends(target: Target, *, apply: bool = False) -> int:
     """Probe the selected hosts one after another; 0 when each found a correct set (and --apply deployed it)."""
-    inv, base = load(inventory, stack, accept_new_host_keys)
-    chosen = selection(inv, host, hosts, default=None)  # no silent "all": a probe stops production servers
-    stacks = host_stacks(base, inv, chosen)  # bad [probe] config fails here, before any host is touched
-    token = None
-    if apply:
-        from gpufleet.cli.deploy import read_hf_token
-
-        token = read_hf_token(hf_token_file)
-    secrets = {"HF_TOKEN": token} if token else {}
-    hidden = tuple(secrets.values())
+    # resolve() selected no silent "all" (a probe stops production servers), resolved each host's [probe] config
+    # and, for --apply, read the token: bad input failed there, before any host is touched
+    chosen, stacks, base, hidden, as_json = list(target.hosts), target.stacks, target.stack, target.hidden, target.json
     out = sys.stderr if as_json else sys.stdout
 
     def say(line: str) -> None:
         emit(mask(line, hidden), out)
 
-    if dry_run:
+    if target.dry_run:
         return _dry_run(chosen, stacks, base, as_json)
-    run = ProbeRun(inv, base, apply, secrets, say, command_line("probe-backends"), runs_dir(REPO / "runs"))
+    run = ProbeRun(target.inventory, base, apply, target.secrets, say, target.command, runs_dir(REPO / "runs"))
     reports: list[HostProbe] = []
     try:
         for h in chosen:

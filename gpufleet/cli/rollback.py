@@ -6,15 +6,13 @@ from rich.markup import escape
 
 from gpufleet.cli import render
 from gpufleet.fleet import rollback
-from gpufleet.cli.common import load, selection
+from gpufleet.cli.target import Target
 from gpufleet.engine.runner import for_each_host
 
 
-def rollback_hosts(inventory=None, stack=None, host=None, hosts=None, snapshot=None, dry_run=False,
-                   as_json=False, accept_new_host_keys=False, after=None) -> int:
+def rollback_hosts(target: Target, *, snapshot: str | None = None, after=None) -> int:
     """Restore each selected host's newest snapshot (or --snapshot PATH); 1 when any host failed."""
-    inv, _ = load(inventory, stack, accept_new_host_keys)
-    chosen = selection(inv, host, hosts, default=None)
+    dry_run, as_json = target.dry_run, target.json
     say = (lambda line: None) if as_json else (lambda line: render.console.print(escape(line)))
 
     def one(session) -> dict:
@@ -30,7 +28,7 @@ def rollback_hosts(inventory=None, stack=None, host=None, hosts=None, snapshot=N
             result["after"] = after(session, info)
         return result
 
-    outcomes = for_each_host(chosen, inv, one)
+    outcomes = for_each_host(list(target.hosts), target.inventory, one)
     rows = [o.value if o.ok else {"host": o.host, "restored": False, "error": o.error} for o in outcomes]
     if as_json:
         render.print_json(rows)

@@ -7,39 +7,37 @@ import sys
 from rich.markup import escape
 from rich.table import Table
 
-from gpufleet.config import lock
 from gpufleet.cli import render
 from gpufleet.fleet.executor import HostReport, Executor
-from gpufleet.cli.common import REPO, command_line, load, selection
+from gpufleet.cli.common import REPO
+from gpufleet.cli.target import Target
 from gpufleet.facts.checkout import redact_url
 from gpufleet.wheels.fetch import WheelCache
 from gpufleet.fleet.hoststate import RunInfo
 from gpufleet.engine.output import emit
 from gpufleet.plan import Step, brief
 from gpufleet.engine.runner import for_each_host
-from gpufleet.config.stack import host_stacks
 
 STATUS_STYLE = {"planned": "[yellow]will change[/]", "unchanged": "[green]unchanged[/]",
                 "done-already": "[green]already done[/]", "changed": "[cyan]changed[/]",
                 "verified": "[green]verified[/]", "failed": "[bold red]FAILED[/]", "running": "[red]interrupted[/]"}
 
 
-def upgrade(inventory=None, stack=None, host=None, hosts=None, as_json=False, accept_new_host_keys=False,
-            dry_run=False, lock_file=None) -> int:
+def upgrade(target: Target) -> int:
     """Bring the selected hosts to their stack, or to a fleet lock (or show the plan); 1 when any host failed."""
     from gpufleet.roles import ROLES
 
-    inv, base = load(inventory, stack, accept_new_host_keys)
-    given = lock.load(lock_file) if lock_file else None
-    chosen = selection(inv, host, hosts, default=None)  # no silent "all": upgrades change hosts
-    stacks = host_stacks(base, inv, chosen)  # bad overrides fail here, before any connection
     # With --json, stdout is the JSON document: live lines go to stderr.
-    say = (lambda line: emit(line, sys.stderr)) if as_json else emit
-    run = Executor(roles=ROLES, run=RunInfo.current(command_line("upgrade")), repo=REPO, dry_run=dry_run,
-                  wheels=WheelCache(), say=say, command_timeout=inv.settings.command_timeout, lock=given)
-    outcomes = for_each_host(chosen, inv, lambda session: run.host(session, stacks[session.name]))
-    reports = [o.value if o.ok else HostReport(o.host, dry_run, outcome=o.kind, error=o.error) for o in outcomes]
-    if as_json:
+    say = (lambda line: emit(line, sys.stderr)) if target.json else emit
+    run = Executor(roles=ROLES, run=RunInfo.current(target.command), repo=REPO, dry_run=target.dry_run,
+                   wheels=WheelCache(), say=say, command_timeout=target.inventory.settings.command_timeout,
+                   lock=target.lock)
+    stacks = target.stacks
+    outcomes = for_each_host(list(target.hosts), target.inventory,
+                             lambda session: run.host(session, stacks[session.name]))
+    reports = [o.value if o.ok else HostReport(o.host, target.dry_run, outcome=o.kind, error=o.error)
+               for o in outcomes]
+    if target.json:
         render.print_json([r.to_json() for r in reports])
     else:
         print_reports(reports)

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from gpufleet.sim.fleet import SimFleet, SimHost
+from gpufleet.sim.layout import CHECKOUT, CONTROL_ADDR, GITHUB_ADDR, GITHUB_PORT, MODEL_PATH, VENV
 
 
 def _q(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string
 
 
-def render_inventory(fleet: "SimFleet", hosts: list["SimHost"], *, known_hosts: str | None = None,
-                     connect_timeout: int = 10) -> str:
-    """TOML text for hosts; package sources point at the control node's index and git daemon."""
-    from gpufleet.sim.fleet import CHECKOUT, CONTROL_ADDR, GITHUB_ADDR, GITHUB_PORT, MODEL_PATH, VENV
-
+def render_inventory(fleet, hosts: list, *, known_hosts: str | None = None, connect_timeout: int = 10) -> str:
+    """TOML text for hosts (gpufleet.sim.fleet's SimHost: name, address) of fleet (its SimFleet: index_url,
+    upstream_url, known_hosts, client_key); package sources point at the control node's index and git daemon."""
     idx = _q(fleet.index_url)
     lines = [
         "# Written by `inv sim.up`: the simulated Blackwell fleet on this machine. Removed by `inv sim.down`.",

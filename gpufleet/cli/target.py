@@ -1,0 +1,115 @@
+"""One task's target, resolved once: the loaded inventory and stack, the selected hosts and the task's flags."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufleet.cli.common import REPO, command_line, load, selection
+from gpufleet.config import lock as lock_file
+from gpufleet.config.inventory import Host, Inventory
+from gpufleet.config.lock import FleetLock
+from gpufleet.config.stack import Stack, host_stacks
+from gpufleet.errors import ConfigError
+from gpufleet.fleet.roll import RollSummary, last_stopped, plan_batches, runs_dir
+
+
+@dataclass(frozen=True)
+class RollOptions:
+    """The roll flags of `inv upgrade` / `inv deploy-model`, as given."""
+
+    canary: str | None = None
+    batch: str = "1"
+    max_fail: int = 0
+    resume: bool = False
+    no_rollback: bool = False
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The stopped roll that --resume continues: its record directory and summary."""
+
+    dir: Path
+    summary: RollSummary
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one task acts on: loaded and validated before any host is contacted."""
+
+    task: str  # "upgrade", "deploy-model", ...
+    command: str  # as typed: recorded in host locks, audit logs and roll records
+    inventory: Inventory
+    stack: Stack  # stack.toml, before per-host overrides
+    hosts: tuple[Host, ...]  # the selected hosts, in inventory order
+    stacks: dict[str, Stack] = field(default_factory=dict)  # each selected host's stack (overrides applied)
+    json: bool = False
+    accept_new_host_keys: bool = False  # already applied to inventory.settings
+    dry_run: bool = False
+    lock: FleetLock | None = None  # --lock, or the lock of the roll being resumed
+    secrets: dict[str, str] = field(default_factory=dict)  # {"HF_TOKEN": ...} when the task needs it
+    download: bool = False
+    roll: RollOptions | None = None  # the flags, for tasks that can roll
+    rolls: bool = False  # several hosts (or --canary / --resume), not a dry run: one host at a time
+    batches: tuple[tuple[str, ...], ...] = ()  # when rolling: the canary alone, then the rest
+    resumed: Resumed | None = None
+
+    @property
+    def hidden(self) -> tuple[str, ...]:
+        """Secret values to mask in every line shown or recorded."""
+        return tuple(self.secrets.values())
+
+
+def read_hf_token(path: str | None) -> str | None:
+    """The Hugging Face token: from the file --hf-token-file names, else $HF_TOKEN; None when neither is set."""
+    if path:
+        try:
+            text = Path(path).expanduser().read_text()
+        except OSError as exc:
+            raise ConfigError(path, f"cannot read the Hugging Face token file: {exc.strerror}") from None
+        if not text.strip():
+            raise ConfigError(path, "the Hugging Face token file is empty")
+    else:
+        text = os.environ.get("HF_TOKEN", "")
+    token = text.strip()
+    if any(c.isspace() or c in "'\\\"" for c in token):
+        where = path or "$HF_TOKEN"
+        raise ConfigError(where, "the Hugging Face token must be one word (no spaces, quotes or backslashes)")
+    return token or None
+
+
+def resolve(task: str, *, inventory: str | None = None, stack: str | None = None, host: str | None = None,
+            hosts: str | None = None, all_by_default: bool = False, json: bool = False,
+            accept_new_host_keys: bool = False, dry_run: bool = False, lock: str | None = None,
+            per_host_stacks: bool = True, token: bool = False, hf_token_file: str | None = None,
+            download: bool = False, roll: RollOptions | None = None) -> Target:
+    """Load, select and validate once for `inv <task>`; every bad input fails here with a ConfigError.
+
+    all_by_default: no --host/--hosts means every host (read-only tasks); else hosts must be named.
+    token: the task needs the Hugging Face token (a roll always does: it deploys).
+    roll: the task may roll; it does with several hosts, --canary or --resume, unless a dry run."""
+    inv, base = load(inventory, stack, accept_new_host_keys)
+    given = lock_file.load(lock) if lock else None
+    resumed = None
+    if roll and roll.resume and not dry_run:
+        previous_dir, previous = last_stopped(runs_dir(REPO / "runs"), task, str(inv.path.resolve()))
+        resumed = Resumed(previous_dir, previous)
+        chosen = selection(inv, None, ",".join(previous.hosts))
+        if given is None and previous.lock:
+            given = lock_file.load(previous.lock)  # the resumed roll's hosts converge to the same lock
+    else:
+        chosen = selection(inv, host, hosts, default="all" if all_by_default else None)
+    rolls = bool(roll) and not dry_run and (roll.resume or bool(roll.canary) or len(chosen) > 1)
+    if resumed:
+        batches = resumed.summary.batches
+    elif rolls:
+        batches = plan_batches([h.name for h in chosen], roll.canary, roll.batch)
+    else:
+        batches = []
+    stacks = host_stacks(base, inv, chosen) if per_host_stacks else {}  # bad overrides fail here
+    secret = read_hf_token(hf_token_file) if token or rolls else None
+    return Target(task=task, command=command_line(task), inventory=inv, stack=base, hosts=tuple(chosen),
+                  stacks=stacks, json=json, accept_new_host_keys=accept_new_host_keys, dry_run=dry_run, lock=given,
+                  secrets={"HF_TOKEN": secret} if secret else {}, download=download, roll=roll, rolls=rolls,
+                  batches=tuple(tuple(b) for b in batches), resumed=resumed)

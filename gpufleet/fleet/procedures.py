@@ -1,0 +1,153 @@
+"""What a roll does on one host: stop, upgrade, deploy, health gate, hold to the fleet lock; or roll it back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from gpufleet.config import lock
+from gpufleet.config.stack import Stack
+from gpufleet.engine.command import Cmd
+from gpufleet.errors import GpufleetError
+from gpufleet.facts.script import unit_name
+from gpufleet.fleet import lockstate, rollback
+from gpufleet.fleet.executor import Executor, HostReport
+from gpufleet.fleet.health import Gate
+from gpufleet.fleet.hoststate import RunInfo
+from gpufleet.fleet.roll import RollSummary, RunRecord
+from gpufleet.roles.model_server import ModelServer, served_name
+from gpufleet.wheels.fetch import WheelCache
+
+
+class StepFailed(GpufleetError):
+    """One stage of a host's procedure failed; the message names the stage and the cause."""
+
+
+@dataclass
+class Deployed:
+    """One host's deploy: the executor's report and what the health gate saw."""
+
+    report: HostReport
+    health: dict | None = None
+
+    def to_json(self) -> dict:
+        return {**self.report.to_json(), "health": self.health}
+
+
+def deploy_one(run: Executor, session, host_stack, say) -> Deployed:
+    """Apply the model-server role on one host, then (unless a dry run) prove it healthy; never raises."""
+    done = Deployed(run.host(session, host_stack))
+    if done.report.ok and not run.dry_run:
+        say(f"[{session.name}] health: waiting for /health, then a smoke generation")
+        try:
+            done.health = Gate(session, host_stack, say=lambda line: say(f"[{session.name}] {line}")).run(
+                served_name(session.host, host_stack))
+            say(f"[{session.name}] health: ok, smoke answer {done.health['smoke_answer'][:80]!r}")
+        except GpufleetError as exc:
+            done.report.outcome, done.report.error = "failed", str(exc)
+            done.report.next_step = f"read the journal: journalctl -u {session.host.service} on {session.name}"
+    return done
+
+
+def _upgrade_roles():
+    from gpufleet.roles import ROLES
+
+    return ROLES
+
+
+class RollProcedures:
+    """The per-host procedure of an `upgrade` or `deploy-model` roll (Roll.procedure) and its undo (Roll.recover).
+
+    An upgrade roll converges every host to a fleet lock: the one given, else the one recorded from the first host
+    to pass its health gate (the canary), saved under repo/locks and named in the roll's summary."""
+
+    def __init__(self, kind: str, *, stacks: dict[str, Stack], repo: Path, run: RunInfo, say: Callable[[str], None],
+                 summary: RollSummary, record: RunRecord, given: lock.FleetLock | None = None,
+                 secrets: dict[str, str] | None = None, download: bool = False,
+                 command_timeout: float | None = None):
+        self.kind, self.stacks, self.repo, self.summary, self.record = kind, stacks, repo, summary, record
+        self.command = run.command
+        self.upgrader = Executor(roles=_upgrade_roles(), run=run, repo=repo, say=say, wheels=WheelCache(),
+                                 command_timeout=command_timeout)
+        self.deployer = Executor(roles=[ModelServer(secrets=secrets or {}, download=download)], run=run, repo=repo,
+                                 say=say, command_timeout=command_timeout)
+        self.planner = Executor(roles=_upgrade_roles(), run=run, repo=repo, say=lambda line: None, dry_run=True)
+        self.upgrader.lock = self.planner.lock = given
+        self.handed: dict[str, list[dict]] = {}  # host -> wheels the control node handed it (recorded in the lock)
+
+    def procedure(self, session, result, log) -> None:
+        st = self.stacks[session.name]
+        changed = False
+        if self.kind == "upgrade":
+            changed |= self._upgrade(session, st, result, log)
+        prefix = f"[{session.name}] "
+        done = deploy_one(self.deployer, session, st, lambda line: log(line.removeprefix(prefix)))
+        result.snapshot = result.snapshot or done.report.snapshot
+        if not done.report.ok:
+            raise StepFailed(f"deploy-model on {session.name}: {done.report.error}")
+        restarted = bool(done.report.with_status("changed"))
+        changed |= restarted
+        result.steps.append("deploy: " + ("unit/server updated" if restarted else "nothing to change"))
+        result.steps.append(f"health: ok after {done.health['health_seconds']} s, smoke answer ok")
+        if self.kind == "upgrade":
+            self._hold_to_lock(session, st, result, log, self.handed.get(session.name, []))
+        result.outcome = "ok" if changed else "unchanged"
+
+    def _upgrade(self, session, st, result, log) -> bool:
+        """Stop the server only when the upgrade will change something, then upgrade; True when it changed the host."""
+        plan = self.planner.host(session, st)
+        if not plan.ok:
+            raise StepFailed(f"planning the upgrade of {session.name}: {plan.error}")
+        if not any(e.status == "planned" and (e.item.commands or e.item.uploads) for e in plan.entries):
+            result.steps.append("upgrade: nothing to change")
+            return False
+        unit = unit_name(session.host.service)
+        active = session.run(Cmd.of("systemctl", "is-active", "--quiet", unit), step="server running?", check=False)
+        if active.exit_code == 0:
+            result.server_was_active = True
+            log(f"stopping {unit} for the upgrade")
+            session.run(Cmd.of("systemctl", "stop", unit), step="stop server", timeout=600)
+            result.steps.append("server stopped")
+        report = self.upgrader.host(session, st)
+        self.handed[session.name] = report.wheels
+        result.snapshot = report.snapshot
+        if not report.ok:
+            raise StepFailed(f"upgrade of {session.name}: {report.error}")
+        result.steps.append(f"upgrade: {len(report.with_status('changed'))} step(s) changed")
+        return True
+
+    def _hold_to_lock(self, session, st, result, log, wheels) -> None:
+        """The first healthy host records the fleet lock; every later one must match it (else it is rolled back)."""
+        if self.upgrader.lock is None:
+            found = lockstate.record(session, st, wheels, self.command)
+            path = lock.save(found, lock.locks_dir(self.repo / "locks"), self.summary.started)
+            self.upgrader.lock = self.planner.lock = lock.load(path)
+            self.summary.lock = str(path)
+            self.record.save()
+            log(f"fleet lock recorded from {session.name}: {path} ({len(found.packages)} distributions, "
+                f"{len(found.wheels)} wheel files)")
+            result.steps.append(f"lock recorded: {path.name}")
+            return
+        d = lockstate.drift(session, self.upgrader.lock)
+        if not d.matches:
+            raise StepFailed(f"{session.name} does not match the fleet lock {self.upgrader.lock.path}: "
+                             + "; ".join(d.packages + d.other))
+        result.steps.append(f"matches lock {Path(self.upgrader.lock.path).name}")
+
+    def recover(self, session, result, log) -> None:
+        """Restore the snapshot taken before the host's upgrade; bring its server back healthy if it was running."""
+        if not result.snapshot:
+            log("nothing was changed before the failure: nothing to roll back")
+            result.steps.append("rollback: nothing to undo")
+            return
+        info = rollback.describe(session, result.snapshot)
+        rollback.restore(session, info, say=log)
+        result.steps.append(f"rolled back to {result.snapshot}")
+        unit = unit_name(session.host.service)
+        if result.server_was_active and info.details.get("unit_active") != "active":
+            session.run(Cmd.of("systemctl", "start", unit), step="start server after rollback")
+        if result.server_was_active or info.details.get("unit_active") == "active":
+            st = self.stacks[session.name]
+            health = Gate(session, st, say=log).run(served_name(session.host, st))
+            result.steps.append(f"healthy again on the old stack after {health['health_seconds']} s")
