@@ -90,4 +90,5 @@ def parse_report(text: str, host: str | None = None) -> ModelReport:
 
 def download_cmd(model: str, model_path: str, venv: str, env: dict[str, Part] | None = None) -> Cmd:
     """Download a hub model into model_path with the Hugging Face CLI (venv's first); env may carry HF_TOKEN."""
-    return Cmd.of("bash", "-c", remote.text("model_download.sh"), "download", model, model_path, venv, env=env or None, cwd="/")
+    return Cmd.of("bash", "-c", remote.text("model_download.sh"), "download", model, model_path, venv,
+                  env=env or None, cwd="/")

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Exit 0 (a clear is needed) when the flashinfer JIT cache holds an entry older than the installed
-# flashinfer-python: kernels compiled by another flashinfer version must not be reused.
+# flashinfer-python: kernels compiled by another flashinfer version must not be reused. This also holds after a
+# run that installed flashinfer but failed before clearing, so a re-run still clears.
 # Args: $1 the venv.
 d="$HOME/.cache/flashinfer"
 [ -d "$d" ] || exit 1
