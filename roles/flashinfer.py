@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from gpufleet import remote
 from gpufleet.engine.command import Cmd
 from gpufleet.wheels.fetch import wheel_filename
 from gpufleet.plan import PlanContext, Step, Unchanged, Upload
@@ -16,16 +17,8 @@ PACKAGES = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
 SOURCES = {"flashinfer-python": "python", "flashinfer-cubin": "cubin", "flashinfer-jit-cache": "jit_cache"}
 JIT_CACHE = "$HOME/.cache/flashinfer"
 
-# exit 0 (clear needed): the JIT cache holds an entry older than the installed flashinfer-python.
-# Kernels compiled by another flashinfer version must not be reused; this also holds after a run that
-# installed flashinfer but failed before clearing, so a re-run still clears.
-_STALE_CACHE = r'''
-d="$HOME/.cache/flashinfer"
-[ -d "$d" ] || exit 1
-stamp=$(ls -d "$1"/lib/python*/site-packages/flashinfer_python-*.dist-info 2>/dev/null | head -n 1)
-[ -n "$stamp" ] || exit 0
-[ -n "$(find "$d" -mindepth 1 ! -newer "$stamp" -print -quit)" ]
-'''
+# exit 0 (clear needed): the JIT cache holds an entry older than the installed flashinfer-python
+_STALE_CACHE = remote.text("flashinfer_stale_cache.sh")
 
 _VERSION_RULES = r'''
 import json, sys

@@ -12,9 +12,12 @@ from typing import Iterable, Mapping
 
 import jinja2
 
+from gpufleet import remote
 from gpufleet.fleet import modelfiles
 from gpufleet.kernel.buildcache import installed_record
+from gpufleet.engine import query
 from gpufleet.engine.command import Cmd, Secret
+from gpufleet.engine.query import Query
 from gpufleet.facts.script import unit_name
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
 
@@ -203,14 +206,20 @@ class HostState:
     need_reload: bool = False
 
 
-_STATE_PROBE = r'''
-unit=$1 env=$2 record=$3 kernel=$4 name=$5
-[ -f "$env" ] && echo "env_sha=$(sha256sum < "$env" | cut -d ' ' -f 1)" && echo "env_mode=$(stat -c %a -- "$env")"
-[ -f "$kernel" ] && echo "kernel_sha=$(sha256sum < "$kernel" | cut -d ' ' -f 1)"
-command -v systemctl >/dev/null && echo "need_reload=$(systemctl show -p NeedDaemonReload --value -- "$name" 2>/dev/null)"
-[ -f "$record" ] && echo "record=$(tr -d '\n' < "$record")"
-if [ -f "$unit" ]; then echo "@@unit present"; cat -- "$unit"; else echo "@@unit absent"; fi
-'''
+_STATE_PROBE = remote.text("server_state.sh")
+
+
+def state_query(host) -> Query[HostState]:
+    """The state probe for an inventory host; an unreadable answer is a PlanError quoting its last lines."""
+    def parse(host_name: str, output: str) -> HostState:
+        try:
+            return parse_state(output)
+        except ValueError as exc:
+            tail = "\n".join(output.rstrip("\n").splitlines()[-5:])
+            raise PlanError(host_name, name, f"could not read the unit's state: {exc}: {tail}") from None
+    cmd = Cmd.of("bash", "-c", _STATE_PROBE, "state", unit_path(host), env_path(host), record_path(host),
+                 installed_record(host.venv), unit_name(host.service))
+    return Query(cmd, parse, "model-server state")
 
 
 def parse_state(text: str) -> HostState:
@@ -286,12 +295,7 @@ class ModelServer:
         items: list[Step | Unchanged] = [self._model_files(ctx)]
         if ctx.facts.unit is not None and not ctx.facts.unit.systemd:
             raise PlanError(host.name, name, "systemd is not running on the host (the server runs as a systemd unit)")
-        probe = ctx.read(Cmd.of("bash", "-c", _STATE_PROBE, "state", unit_path(host), env_path(host),
-                                 record_path(host), installed_record(host.venv), unit), "model-server state")
-        try:
-            state = parse_state(probe.output)
-        except ValueError as exc:
-            raise PlanError(host.name, name, f"could not read the unit's state: {exc}: {probe.tail(5)}") from None
+        state = query.read(ctx, state_query(host))
         rendered = render_unit(host, ctx.stack, python_minor(ctx.facts.python_version, host.name))
         unit_changed = state.unit != rendered
         if unit_changed:
@@ -326,8 +330,7 @@ class ModelServer:
     def _model_files(self, ctx: PlanContext) -> Step | Unchanged:
         host = ctx.host
         python = f"{host.venv}/bin/python"
-        result = ctx.read(modelfiles.check_cmd(host.model_path, python), "model files")
-        report = modelfiles.parse_report(result.output, host.name)
+        report = query.read(ctx, modelfiles.model_query(host.model_path, python))
         if report.ok:
             return Unchanged(name, f"model files complete in {host.model_path}: {report.summary()}")
         if not self.download:

@@ -9,7 +9,9 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet import remote
 from gpufleet.engine.command import Cmd, script
+from gpufleet.engine.query import Query
 from gpufleet.errors import ConfigError
 from gpufleet.facts.script import KERNEL_DIRS
 
@@ -156,68 +158,8 @@ def stack_series(stack, repo: Path) -> list[Series]:
 
 
 # ---- the remote judging script -------------------------------------------------------------------------------------
-_BASE = r"""
-set -u
-g() { git -c safe.directory='*' -c core.quotepath=false -C "$co" "$@"; }
-if ! g rev-parse --git-dir >/dev/null 2>&1; then echo "@@error $co is not a git checkout"; exit "${nock:-0}"; fi
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpufleet-patches.XXXXXX") \
-    || { echo "@@error cannot make a temporary directory"; exit "${nock:-0}"; }
-trap 'rm -rf "$tmp"' EXIT
-gf_has() {
-    if [ "$1" = wt ]; then [ -e "$co/$2" ]; else g cat-file -e "${upref:-$ref}:$2" 2>/dev/null; fi
-}
-gf_root() {
-    local r
-    root=${roots[0]}
-    for r in "${roots[@]}"; do if gf_has "$1" "${r:+$r/}$probe"; then root=$r; break; fi; done
-    dirarg=()
-    if [ -n "$root" ]; then dirarg=("--directory=$root"); fi
-}
-gf_apply() { (cd "$1" && git -c safe.directory='*' apply ${dirarg[@]+"${dirarg[@]}"} "${@:2}"); }
-"""
-
-_LIBRARY = _BASE + r"""
-# git apply runs on copies under $tmp: never let it find a repository above them
-export GIT_CEILING_DIRECTORIES=$tmp
-# a status probe must never wait for a password or a host-key prompt
-export GIT_TERMINAL_PROMPT=0 GIT_SSH_COMMAND="${GIT_SSH_COMMAND:-ssh -o BatchMode=yes}"
-echo "@@head $(g rev-parse -q --verify HEAD)"
-gf_fetch() {
-    local out rc
-    out=$(timeout 300 git -c safe.directory='*' -C "$co" fetch -q origin "+refs/heads/$1:$ref" 2>&1); rc=$?
-    echo "@@fetch rc=$rc $(printf %s "$out" | tr '\n' ' ' | cut -c1-300)"
-}
-gf_copy() {
-    gf_has "$1" "$3" || return 0
-    if [ "$1" = wt ]; then tar -C "$co" -cf - --exclude=__pycache__ -- "$3"
-    else g archive --format=tar "${upref:-$ref}" -- "$3"; fi | tar -xf - -C "$2"
-}
-gf_dump() {
-    local f
-    grep -rlF --include='*.py' -- "$effect" "$2" 2>/dev/null | sort | while IFS= read -r f; do
-        echo "@@file $1 ${f#"$2"/}"; base64 -w0 < "$f"; echo
-    done
-}
-gf_tree() {
-    local p
-    gf_root "$1"
-    d=$tmp/$1-$2
-    rm -rf "$d"; mkdir -p "$d"
-    for p in "${paths[@]}"; do gf_copy "$1" "$d" "${root:+$root/}$p"; done
-}
-gf_judge() {
-    local fwd rev
-    gf_apply "$d" --check "$4" >"$tmp/fwd" 2>&1; fwd=$?
-    gf_apply "$d" --reverse --check "$4" >/dev/null 2>&1; rev=$?
-    echo "@@judge $1 $2 $3 fwd=$fwd rev=$rev root=$root"
-    sed 's/^/|/' "$tmp/fwd"
-    [ -z "$effect" ] || gf_dump pre "$d"
-    # Later patches of a series are judged on the tree with the earlier ones applied, as a build would see it.
-    if [ "$rev" != 0 ] && [ "$fwd" = 0 ] && gf_apply "$d" "$4" >/dev/null 2>&1 && [ -n "$effect" ]; then
-        gf_dump post "$d"
-    fi
-}
-"""
+_BASE = remote.text("patches_base.sh")
+_LIBRARY = _BASE + remote.text("patches_judge.sh")
 
 
 def series_paths(s: Series) -> list[str]:
@@ -275,6 +217,13 @@ def status_script(checkout: str, branch: str, series: list[Series], fetch: bool 
 def status_command(checkout: str, branch: str, series: list[Series], fetch: bool = True, target: str = "") -> Cmd:
     """The one read-only remote command judging every patch (fetching origin's branch first unless fetch=False)."""
     return script(status_script(checkout, branch, series, fetch, target))
+
+
+def status_query(checkout: str, branch: str, series: list[Series], fetch: bool = True, target: str = "",
+                 step: str = "patches") -> "Query[HostPatches]":
+    """status_command, its output decided into each patch's status on the host."""
+    return Query(status_command(checkout, branch, series, fetch, target),
+                 lambda host, output: decide(host, output, series), step, timeout=900)
 
 
 # ---- parsing and deciding ------------------------------------------------------------------------------------------
@@ -467,16 +416,7 @@ def _checkout_script(checkout: str, series: list[Series] | Series, per_patch, *,
     return script(text + "\n")
 
 
-_UNDO = r"""
-done_=()
-gf_undo() {
-    local i
-    for ((i=${#done_[@]}-1; i>=0; i--)); do
-        (cd "$co" && git -c safe.directory='*' apply ${done_[i]%%|*} --reverse "${done_[i]#*|}") \
-            || echo "gpufleet: could not undo ${done_[i]#*|}"
-    done
-}
-"""
+_UNDO = remote.text("patches_undo.sh")
 
 
 def _apply_one(name: str, file: str) -> str:

@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 from packaging.version import InvalidVersion, Version
 
+from gpufleet import remote
 from gpufleet.engine.command import Cmd, Part, Secret
 from gpufleet.plan import PlanContext, PlanError, Upload
 
@@ -86,14 +87,7 @@ WHEEL_DIR = "/var/cache/gpufleet/wheels"  # wheels pushed by the control node la
 # Resolve on the host (its Python, platform tags and installed packages decide) without installing anything:
 # $1 constraints text, $2.. the pip command. pip's report goes to stdout after REPORT_MARK; pip's own lines
 # (warnings) come before it.
-_RESOLVE = r'''
-cons=$(mktemp) && rep=$(mktemp) || exit 1
-trap 'rm -f "$cons" "$rep"' EXIT
-printf '%s\n' "$1" > "$cons"; shift
-"$@" -c "$cons" --report "$rep" 1>&2 || exit $?
-echo @@gpufleet-pip-report@@
-cat "$rep"
-'''
+_RESOLVE = remote.text("pip_resolve.sh")
 
 
 def resolver_pip(ctx: PlanContext, role: str) -> Upload:

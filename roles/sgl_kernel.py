@@ -9,17 +9,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import tomllib
-from importlib import resources
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from gpufleet import remote
 from gpufleet.kernel import buildcache
 from gpufleet.kernel import cmake
 from gpufleet.engine import detached
 from gpufleet.kernel import sources
 from gpufleet.kernel.buildcache import BuildInputs, LocalCache
+from gpufleet.engine import query
 from gpufleet.engine.command import Cmd, script
+from gpufleet.engine.query import Query
 from gpufleet.facts.script import KERNEL_DIRS
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged, Upload
 from gpufleet.roles import pip
@@ -58,24 +60,6 @@ def _package(facts, wanted: str) -> str | None:
         if norm(pkg) == norm(wanted):
             return ver
     return None
-
-
-_PROBE = """co={checkout}
-g() {{ git -c safe.directory='*' -C "$co" "$@"; }}
-for d in {dirs}; do
-    name=$(g show "HEAD:$d/pyproject.toml" 2>/dev/null | sed -n 's/^name *= *"\\([^"]*\\)".*/\\1/p' | head -n 1)
-    case "$name" in sgl-kernel|sgl_kernel|sglang-kernel|sglang_kernel) ;; *) continue ;; esac
-    echo "@@dir $d"
-    echo "@@tree $(g rev-parse "HEAD:$d" 2>/dev/null)"
-    if [ -n "{full}" ]; then
-        echo "@@pyproject"; g show "HEAD:$d/pyproject.toml"; echo
-        echo "@@cmake"; g show "HEAD:$d/CMakeLists.txt" 2>/dev/null; echo
-    fi
-    break
-done
-echo "@@installed"; cat {installed} 2>/dev/null; echo; echo "@@record"; cat {builds}/{key}/record.json 2>/dev/null; echo
-echo "@@end"
-"""
 
 
 def _sections(text: str) -> dict[str, str]:
@@ -129,10 +113,15 @@ def _patch_dir(ctx: PlanContext) -> Path:
 def _read_tree(ctx: PlanContext, key_hint: str = "", full: bool = False) -> dict[str, str]:
     if ctx.read is None:
         raise PlanError(ctx.host.name, name, "needs a remote probe to read the checkout's sgl-kernel tree")
-    text = _PROBE.format(checkout=shlex.quote(ctx.host.sglang_checkout), dirs=" ".join(KERNEL_DIRS),
-                         full="1" if full else "", installed=buildcache.installed_record(ctx.host.venv),
-                         builds=detached.BUILDS_DIR, key=key_hint or "none")
-    return _sections(ctx.read(script(text), "sgl-kernel build state").output)
+    return query.read(ctx, tree_query(ctx.host, key_hint, full))
+
+
+def tree_query(host, key_hint: str = "", full: bool = False) -> Query[dict[str, str]]:
+    """The checkout's sgl-kernel at HEAD (with pyproject and CMakeLists when full) and the build records."""
+    cmd = Cmd.of("bash", "-c", remote.text("kernel_probe.sh"), "kernel-probe", host.sglang_checkout,
+                 "1" if full else "", buildcache.installed_record(host.venv),
+                 f"{detached.BUILDS_DIR}/{key_hint or 'none'}/record.json", *KERNEL_DIRS)
+    return Query(cmd, lambda host_name, output: _sections(output), "sgl-kernel build state")
 
 
 def read_source(ctx: PlanContext, found: dict[str, str]) -> Source:
@@ -190,7 +179,7 @@ def _py(ctx: PlanContext) -> str:
 
 def remote_source(file: str) -> str:
     """The text of a script under gpufleet/remote/ (sent to hosts as an argument, never installed there)."""
-    return resources.files("gpufleet.remote").joinpath(file).read_text()
+    return remote.text(file)
 
 
 def _verify(ctx: PlanContext, key: str) -> Cmd:
@@ -219,20 +208,7 @@ def _record_cmd(ctx: PlanContext, key: str, wheel_expr: str, origin: str, inputs
                   remote_source("kernel_archs.py"), cwd="/")
 
 
-# exit 0 when every requirement is installed (pip's own vendored packaging reads them), else 1: then pip installs
-_TOOLS_PRESENT = r'''
-import sys
-import importlib.metadata as md
-from pip._vendor.packaging.requirements import Requirement
-for text in sys.argv[1:]:
-    req = Requirement(text)
-    try:
-        have = md.version(req.name)
-    except md.PackageNotFoundError:
-        sys.exit(1)
-    if not req.specifier.contains(have, prereleases=True):
-        sys.exit(1)
-'''
+_TOOLS_PRESENT = remote.text("requirements_present.py")  # exit 0 when every requirement is installed
 
 
 def _tools_cmd(ctx: PlanContext, tools: list[str]) -> Cmd:

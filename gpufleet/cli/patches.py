@@ -7,10 +7,10 @@ from rich.table import Table
 from gpufleet.cli import render
 from gpufleet.cli.common import REPO
 from gpufleet.cli.target import Target
-from gpufleet.errors import UnreachableError
+from gpufleet.engine.query import ask
 from gpufleet.engine.runner import for_each_host
-from gpufleet.roles.patches import (APPLIED, CONFLICTS, NO_EFFECT, UPSTREAMED, WILL_APPLY, HostPatches, decide,
-                           stack_series, status_command)
+from gpufleet.roles.patches import (APPLIED, CONFLICTS, NO_EFFECT, UPSTREAMED, WILL_APPLY, HostPatches,
+                                    stack_series, status_query)
 
 STYLE = {APPLIED: "green", WILL_APPLY: "yellow", UPSTREAMED: "cyan", CONFLICTS: "red", NO_EFFECT: "red"}
 BAD = (CONFLICTS, NO_EFFECT)
@@ -20,11 +20,7 @@ def gather(session, stack, fetch: bool = True) -> HostPatches:
     """Judge every patch on one host: one remote command (it carries the patches into a temp dir there)."""
     host = session.host
     series = stack_series(stack, REPO)
-    cmd = status_command(host.sglang_checkout, stack.sglang.branch, series, fetch)
-    result = session.run(cmd, step="patches", check=False, timeout=900)
-    if result.exit_code is None:
-        raise UnreachableError(f"host {host.name}: connection lost while judging patches: {result.tail(3)}")
-    return decide(host.name, result.output, series)
+    return ask(session, status_query(host.sglang_checkout, stack.sglang.branch, series, fetch))
 
 
 def patches(target: Target, *, fetch: bool = True) -> int:

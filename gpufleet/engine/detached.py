@@ -7,7 +7,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from gpufleet import remote
 from gpufleet.engine.command import Cmd, script
+from gpufleet.engine.query import Query, ask
 from gpufleet.errors import GpufleetError, UnreachableError
 from gpufleet.engine.output import HostLines
 
@@ -65,9 +67,15 @@ def _parse_state(text: str) -> State:
     return State("running" if words and words[0] == "running" else "absent")
 
 
+def state_query(job: Job) -> Query[State]:
+    text = remote.text("job_state.sh") + 'job_state "$@"\n'
+    return Query(Cmd.of("bash", "-c", text, "job-state", job.rc_file, job.unit, job.pid_file),
+                 lambda host, output: _parse_state(output), "detached state", check=True)
+
+
 def state(session, job: Job) -> State:
     """Whether the job runs, has finished (with its exit code) or is absent."""
-    return _parse_state(session.run(script(_state_sh(job)), "detached state").output)
+    return ask(session, state_query(job))
 
 
 def start_script(job: Job, cmd: Cmd, properties: tuple[str, ...] = (), retry_failed: bool = False) -> str:
@@ -109,12 +117,12 @@ def start(session, job: Job, cmd: Cmd, properties: tuple[str, ...] = (), retry_f
     return (out.strip().splitlines() or ["started"])[-1]
 
 
-def _poll_sh(job: Job, offset: int) -> str:
-    q = shlex.quote
-    return (f"rc=$(cat {q(job.rc_file)} 2>/dev/null || true); st=$({_state_sh(job)}); "
-            f"s=$(stat -c %s {q(job.log)} 2>/dev/null || echo 0); echo \"@@rc $rc\"; echo \"@@st $st\"; "
-            f"echo \"@@size $s\"; if [ \"$s\" -gt {offset} ]; then "
-            f"tail -c +{offset + 1} {q(job.log)} | head -c $((s - {offset})); fi")
+def poll_query(job: Job, offset: int) -> Query["tuple[int | None, str, int, str] | None"]:
+    """One poll: (exit code or None while running, state word, log size, new log text); None without an answer."""
+    text = remote.text("job_state.sh") + remote.text("job_poll.sh")
+    return Query(Cmd.of("bash", "-c", text, "job-poll", job.rc_file, job.unit, job.pid_file, job.log, str(offset)),
+                 lambda host, output: _parse_poll(output) if "@@rc " in output else None, "detached follow",
+                 timeout=60)
 
 
 def _parse_poll(text: str) -> tuple[int | None, str, int, str]:
@@ -136,11 +144,13 @@ def follow(session, job: Job, *, offset: int = 0, echo: Callable[[str], None] | 
     started = time.monotonic()
     lost_since: float | None = None
     while True:
+        poll = poll_query(job, offset)
         try:
-            res = session.run(script(_poll_sh(job, offset)), "detached follow", check=False, timeout=60)
+            res = session.run(poll.cmd, poll.step, check=False, timeout=poll.timeout)
         except UnreachableError:
             res = None
-        if res is None or res.exit_code is None or "@@rc " not in res.output:
+        answer = poll.parse(session.name, res.output) if res is not None and res.exit_code is not None else None
+        if answer is None:
             lost_since = lost_since or time.monotonic()
             if time.monotonic() - lost_since > reconnect_for:
                 raise DetachedError(f"{session.name}: lost the connection to {job.unit} for {reconnect_for:.0f}s")
@@ -151,7 +161,7 @@ def follow(session, job: Job, *, offset: int = 0, echo: Callable[[str], None] | 
                 pass
             continue
         lost_since = None
-        rc, st, size, data = _parse_poll(res.output)
+        rc, st, size, data = answer
         if lines and size > offset:
             lines.feed(data)
         offset = max(offset, size)

@@ -10,6 +10,8 @@ from pydantic import BaseModel
 from gpufleet.errors import FactError
 from gpufleet.facts.sections import first_line, script_note
 
+# Where sgl-kernel lives in an sglang checkout, newest layout last: upstream moved it in mid-2026.
+KERNEL_DIRS = ("sgl-kernel", "python/sglang/kernels/aot")
 _MARKERS = ("@@status", "@@stash")
 _ESCAPES = {"a": "\a", "b": "\b", "t": "\t", "n": "\n", "v": "\v", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
 

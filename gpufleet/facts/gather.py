@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpufleet.engine.command import Cmd
-from gpufleet.errors import UnreachableError
+from gpufleet.engine.query import Query, ask
 from gpufleet.facts import facts_script, parse_facts
 from gpufleet.facts.model import HostFacts
 
@@ -13,11 +13,12 @@ def fact_paths(host) -> list[str]:
     return [host.venv, host.sglang_checkout, host.model_path, "/tmp"]
 
 
+def facts_query(host) -> Query[HostFacts]:
+    """The batched facts script for an inventory host, and parse_facts for its output."""
+    script = facts_script(host.venv, host.sglang_checkout, host.service, fact_paths(host))
+    return Query(Cmd.of("bash", "-c", script), parse_facts, "facts")
+
+
 def gather_facts(session) -> HostFacts:
     """Run the batched facts script over the session's connection and parse every section."""
-    host = session.host
-    script = facts_script(host.venv, host.sglang_checkout, host.service, fact_paths(host))
-    result = session.run(Cmd.of("bash", "-c", script), step="facts", check=False)
-    if result.exit_code is None:
-        raise UnreachableError(f"host {host.name}: connection lost while reading facts: {result.tail(3)}")
-    return parse_facts(host.name, result.output)
+    return ask(session, facts_query(session.host))

@@ -9,9 +9,10 @@ import xml.etree.ElementTree as ET
 from pydantic import BaseModel
 
 from gpufleet.errors import FactError
-from gpufleet.facts.script import GPU_QUERY_FIELDS
 from gpufleet.facts.sections import first_line
 
+# the facts script's `gpu-query` columns (noheader, nounits)
+GPU_QUERY_FIELDS = ("index", "name", "uuid", "pci.bus_id", "compute_cap", "driver_version", "memory.total")
 # the 6-column form `--query-gpu=index,name,compute_cap,driver_version,memory.total,memory.used` (no header)
 SUMMARY_QUERY_FIELDS = ("index", "name", "compute_cap", "driver_version", "memory.total", "memory.used")
 

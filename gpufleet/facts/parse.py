@@ -6,13 +6,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from gpufleet.errors import FactError
-from gpufleet.facts.checkout import parse_checkout
-from gpufleet.facts.gpu import gpu_facts, parse_gpu_query, parse_smi_header
 from gpufleet.facts.model import HostFacts
-from gpufleet.facts.packages import parse_pip_editables, parse_pip_list_json
+from gpufleet.facts.registry import FACT_SECTIONS
 from gpufleet.facts.sections import Section, parse_sections, script_note
-from gpufleet.facts.system import parse_cpu_count, parse_disks, parse_mem, parse_nvcc, parse_os, parse_python_version
-from gpufleet.facts.unit import parse_unit
 
 T = TypeVar("T")
 
@@ -47,25 +43,15 @@ class _Reader:
 
 
 def parse_facts(host: str, text: str) -> HostFacts:
-    """Parse the facts script's output for one host; never raises for a broken section."""
+    """Parse the facts script's output for one host, section by section; never raises for a broken section."""
     r = _Reader(host, parse_sections(text))
-    gpus = r.read("gpu-query", "GPUs", parse_gpu_query)
-    # without the GPU rows the header fails for the same reason: say it once
-    versions = r.read("gpu-header", "CUDA version", parse_smi_header) if gpus is not None else None
-    mem = r.read("mem", "memory", parse_mem)
-    return HostFacts(
-        host=host,
-        gpus=gpu_facts(gpus, versions) if gpus is not None else None,
-        os=r.read("os", "OS release", parse_os),
-        cpu_count=r.read("cpu", "CPU count", parse_cpu_count),
-        mem_total_bytes=mem.total_bytes if mem else None,
-        mem_available_bytes=mem.available_bytes if mem else None,
-        disks=r.read("disk", "disk space", parse_disks),
-        nvcc_version=r.read("nvcc", "nvcc version", parse_nvcc),
-        python_version=r.read("python", "Python version", parse_python_version),
-        packages=r.read("packages", "packages", parse_pip_list_json),
-        editables=r.read("packages", "packages", parse_pip_editables),
-        checkout=r.read("checkout", "source checkout", parse_checkout),
-        unit=r.read("unit", "systemd unit", parse_unit),
-        problems=r.problems,
-    )
+    fields: dict = {}
+    read: set[str] = set()
+    for section in FACT_SECTIONS:
+        if section.after is not None and section.after not in read:
+            continue
+        value = r.read(section.name, section.what, section.parse)
+        if value is not None:
+            fields.update(section.fill(value, fields))
+            read.add(section.name)
+    return HostFacts(host=host, **fields, problems=r.problems)

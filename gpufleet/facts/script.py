@@ -1,172 +1,18 @@
-"""The one bash script that gathers every fact about a host in a single round trip."""
+"""The one bash script that gathers every fact about a host in a single round trip: facts.sh plus one call a section."""
 
 from __future__ import annotations
 
 import shlex
 
-SECTIONS = ("gpu-query", "gpu-header", "os", "cpu", "mem", "disk", "nvcc", "python", "packages", "checkout", "unit")
-# Where sgl-kernel lives in an sglang checkout, newest layout last: upstream moved it in mid-2026.
-KERNEL_DIRS = ("sgl-kernel", "python/sglang/kernels/aot")
-GPU_QUERY_FIELDS = ("index", "name", "uuid", "pci.bus_id", "compute_cap", "driver_version", "memory.total")
+from gpufleet import remote
+from gpufleet.facts.checkout import KERNEL_DIRS
+from gpufleet.facts.gpu import GPU_QUERY_FIELDS
+from gpufleet.facts.registry import FACT_SECTIONS, FactInputs
+from gpufleet.facts.unit import unit_name
 
-_LIBRARY = r"""#!/bin/bash
-# gpufleet facts: prints `@@gpufleet-section NAME rc=N@@` then that section's output; every section runs.
-export LC_ALL=C
-export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:${PATH:-}"
-# no optional locks: a facts read must never block or break a git command running on the box
-export GIT_OPTIONAL_LOCKS=0 PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-# python -m puts the working directory on sys.path: a stray *.dist-info there would show up as installed
-cd / || exit 1
+SECTIONS = tuple(s.name for s in FACT_SECTIONS)
 
-gf_section() {
-    local name=$1 out rc
-    shift
-    # stdin from /dev/null: the script itself may be arriving on stdin (bash -s)
-    out=$("$@" 2>&1 </dev/null)
-    rc=$?
-    printf '@@gpufleet-section %s rc=%d@@\n' "$name" "$rc"
-    if [ -n "$out" ]; then printf '%s\n' "$out"; fi
-}
-
-# a wedged driver can hang nvidia-smi for minutes; bound every command that talks to hardware or big trees
-gf_run() {
-    if command -v timeout >/dev/null 2>&1; then timeout -k 5 120 "$@"; else "$@"; fi
-}
-
-gf_nvidia_smi() {
-    local smi
-    smi=$(command -v nvidia-smi 2>/dev/null) || smi=
-    # A non-interactive SSH session gets sshd's default PATH; container images keep the tool elsewhere.
-    if [ -z "$smi" ] && [ -x /usr/local/nvidia/bin/nvidia-smi ]; then smi=/usr/local/nvidia/bin/nvidia-smi; fi
-    if [ -z "$smi" ]; then echo "gpufleet: nvidia-smi not found (PATH, /usr/local/nvidia/bin)"; return 127; fi
-    gf_run "$smi" "$@"
-}
-
-gf_gpu_query() { gf_nvidia_smi --query-gpu=@GPU_FIELDS@ --format=csv,noheader,nounits; }
-
-gf_gpu_header() { gf_nvidia_smi; }
-
-gf_os() {
-    echo "KERNEL=$(uname -r)"
-    echo "ARCH=$(uname -m)"
-    if [ -r /etc/os-release ]; then cat /etc/os-release
-    elif [ -r /usr/lib/os-release ]; then cat /usr/lib/os-release
-    else echo "gpufleet: no /etc/os-release"; return 1
-    fi
-}
-
-gf_mem() { grep -E '^(MemTotal|MemAvailable):' /proc/meminfo; }
-
-gf_disk() {
-    local asked at rc=0
-    for asked in "$@"; do
-        at=$asked
-        while [ ! -e "$at" ] && [ "$at" != / ] && [ "$at" != . ]; do at=$(dirname -- "$at"); done
-        echo "path=$asked"
-        echo "checked=$at"
-        df -PB1 -- "$at" || rc=$?
-    done
-    return $rc
-}
-
-gf_nvcc() {
-    local nvcc
-    nvcc=$(command -v nvcc 2>/dev/null) || nvcc=
-    if [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
-    if [ -z "$nvcc" ]; then echo "gpufleet: nvcc not found (PATH, /usr/local/cuda/bin)"; return 127; fi
-    "$nvcc" --version
-}
-
-gf_venv_python() {
-    if [ ! -x "$1/bin/python" ]; then echo "gpufleet: venv missing: $1"; return 127; fi
-}
-
-gf_python() {
-    gf_venv_python "$1" || return
-    "$1/bin/python" -c 'import sys; print(sys.version.split()[0])'
-}
-
-gf_packages() {
-    gf_venv_python "$1" || return
-    if "$1/bin/python" -c 'import pip' >/dev/null 2>&1; then
-        gf_run "$1/bin/python" -m pip list --format=json --disable-pip-version-check
-    else
-        # venvs made by uv carry no pip: read the same list from the installed distributions
-        echo "gpufleet: pip not installed in venv, listing distributions"
-        "$1/bin/python" -c '
-import importlib.metadata as md, json
-seen = {}
-for dist in md.distributions():
-    seen.setdefault(dist.metadata["Name"], dist.version)
-print(json.dumps([{"name": n, "version": v} for n, v in sorted(seen.items(), key=lambda kv: kv[0].lower())]))
-'
-    fi
-}
-
-gf_git() {
-    local dir=$1
-    shift
-    gf_run git -c safe.directory='*' -c core.quotepath=false -C "$dir" "$@"
-}
-
-# Where the checkout keeps sgl-kernel: the first candidate whose pyproject names sgl-kernel (upstream until mid-2026)
-# or sglang-kernel (python/sglang/kernels/aot since then), with the version it declares (what a build installs).
-gf_kernel_dir() {
-    local d name
-    for d in @KERNEL_DIRS@; do
-        name=$(sed -n 's/^name *= *"\([^"]*\)".*/\1/p' "$1/$d/pyproject.toml" 2>/dev/null | head -n 1)
-        case "$name" in
-            sgl-kernel|sgl_kernel|sglang-kernel|sglang_kernel)
-                echo "kernel_dir=$d"
-                echo "kernel_name=$name"
-                echo "kernel_version=$(sed -n 's/^version *= *"\([^"]*\)".*/\1/p' "$1/$d/pyproject.toml" | head -n 1)"
-                return 0 ;;
-        esac
-    done
-}
-
-gf_checkout() {
-    local dir=$1 top real
-    echo "path=$dir"
-    if [ ! -e "$dir" ]; then echo "exists=no"; echo "present=no"; return 0; fi
-    echo "exists=yes"
-    if ! command -v git >/dev/null 2>&1; then echo "gpufleet: git not found"; return 127; fi
-    top=$(gf_git "$dir" rev-parse --show-toplevel 2>/dev/null) || top=
-    real=$(cd -- "$dir" 2>/dev/null && pwd -P) || real=$dir
-    if [ -z "$top" ] || [ "$top" != "$real" ]; then echo "present=no"; echo "toplevel=$top"; return 0; fi
-    echo "present=yes"
-    echo "head=$(gf_git "$dir" rev-parse --verify -q HEAD)"
-    echo "branch=$(gf_git "$dir" symbolic-ref --short -q HEAD)"
-    echo "upstream=$(gf_git "$dir" rev-parse --abbrev-ref --symbolic-full-name '@{u}' 2>/dev/null)"
-    echo "ahead_behind=$(gf_git "$dir" rev-list --left-right --count 'HEAD...@{u}' 2>/dev/null)"
-    echo "remote_url=$(gf_git "$dir" remote get-url origin 2>/dev/null)"
-    gf_kernel_dir "$dir"
-    echo "@@status"
-    gf_git "$dir" status --porcelain=v1 || return
-    echo "@@stash"
-    gf_git "$dir" stash list
-}
-
-gf_unit() {
-    local name=$1 path=
-    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
-        echo "systemd=present"
-        path=$(gf_run systemctl show -p FragmentPath --value -- "$name" 2>/dev/null)
-        echo "enabled=$(gf_run systemctl is-enabled -- "$name" 2>/dev/null)"
-        echo "active=$(gf_run systemctl is-active -- "$name" 2>/dev/null)"
-    else
-        echo "systemd=absent"
-    fi
-    if [ -z "$path" ] && [ -f "/etc/systemd/system/$name" ]; then path=/etc/systemd/system/$name; fi
-    echo "path=$path"
-    if [ -n "$path" ] && [ -f "$path" ]; then echo "sha256=$(sha256sum < "$path" | cut -d ' ' -f 1)"; fi
-}
-"""
-
-
-def unit_name(service: str) -> str:
-    """The systemd unit name for a service name (`sglang` -> `sglang.service`)."""
-    return service if "." in service else f"{service}.service"
+__all__ = ["GPU_QUERY_FIELDS", "KERNEL_DIRS", "SECTIONS", "facts_script", "unit_name"]
 
 
 def facts_script(venv: str, checkout: str, service: str, paths: list[str]) -> str:
@@ -174,21 +20,6 @@ def facts_script(venv: str, checkout: str, service: str, paths: list[str]) -> st
 
     Paths should be absolute (the script runs from `/`). Feed it to `bash -s` or `bash -c`; it always exits 0.
     """
-    q = shlex.quote
-    calls = [
-        "gf_section gpu-query gf_gpu_query",
-        "gf_section gpu-header gf_gpu_header",
-        "gf_section os gf_os",
-        "gf_section cpu nproc",
-        "gf_section mem gf_mem",
-        "gf_section disk gf_disk " + " ".join(q(p) for p in paths),
-        "gf_section nvcc gf_nvcc",
-        f"gf_section python gf_python {q(venv)}",
-        f"gf_section packages gf_packages {q(venv)}",
-        f"gf_section checkout gf_checkout {q(checkout)}",
-        f"gf_section unit gf_unit {q(unit_name(service))}",
-        "exit 0",
-    ]
-    library = _LIBRARY.replace("@GPU_FIELDS@", ",".join(GPU_QUERY_FIELDS))
-    library = library.replace("@KERNEL_DIRS@", " ".join(KERNEL_DIRS))
-    return library + "\n".join(calls) + "\n"
+    inputs = FactInputs(venv, checkout, service, list(paths))
+    calls = [shlex.join(["gf_section", s.name, *s.run, *s.args(inputs)]) for s in FACT_SECTIONS]
+    return remote.text("facts.sh") + "\n".join(calls) + "\nexit 0\n"

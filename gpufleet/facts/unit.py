@@ -21,6 +21,11 @@ class UnitFacts(BaseModel):
     path: str | None = None
 
 
+def unit_name(service: str) -> str:
+    """The systemd unit name for a service name (`sglang` -> `sglang.service`)."""
+    return service if "." in service else f"{service}.service"
+
+
 def parse_unit(text: str, host: str | None) -> UnitFacts:
     """Parse the `unit` section (`systemd=`, `path=`, `enabled=`, `active=`, `sha256=` lines)."""
     values = dict(line.split("=", 1) for line in text.splitlines() if re.match(r"^[a-z0-9]+=", line))

@@ -11,7 +11,9 @@ from typing import Callable
 
 import paramiko
 
+from gpufleet import remote
 from gpufleet.engine.command import Cmd
+from gpufleet.engine.query import Query, ask
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.script import unit_name
 
@@ -181,13 +183,6 @@ class UnitState:
     age: float | None
 
 
-_STATE = r'''
-systemctl show -p ActiveState -p SubState -p NRestarts -p MainPID -- "$1"
-ts=$(systemctl show -p ActiveEnterTimestamp --value -- "$1")
-if [ -n "$ts" ] && when=$(date -d "$ts" +%s 2>/dev/null); then echo "Age=$(( $(date +%s) - when ))"; fi
-'''
-
-
 def parse_unit_state(text: str) -> UnitState:
     values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
@@ -201,9 +196,13 @@ def parse_unit_state(text: str) -> UnitState:
                      num("MainPID"), float(age) if age and age.lstrip("-").isdigit() else None)
 
 
+def unit_state_query(unit: str) -> Query[UnitState]:
+    return Query(Cmd.of("bash", "-c", remote.text("unit_state.sh"), "state", unit),
+                 lambda host, output: parse_unit_state(output), "unit state", timeout=30)
+
+
 def unit_state(session, unit: str) -> UnitState:
-    return parse_unit_state(session.run(Cmd.of("bash", "-c", _STATE, "state", unit), step="unit state",
-                                        check=False, timeout=30).output)
+    return ask(session, unit_state_query(unit))
 
 
 def journal_tail(session, unit: str, lines: int = JOURNAL_LINES) -> str:

@@ -6,8 +6,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from gpufleet import remote
 from gpufleet.fleet import health
 from gpufleet.engine.command import Cmd
+from gpufleet.engine.query import Query, ask
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.script import unit_name
 from gpufleet.fleet.health import Gate, HealthError
@@ -38,46 +40,23 @@ def start_cmd(unit: str, argv: list[str], env: dict[str, str], env_file: str) ->
                   *[f"--setenv={k}={v}" for k, v in env.items()], "--", *[_systemd_word(w) for w in argv])
 
 
-_STOP = r'''
-unit=$1
-systemctl stop -- "$unit" 2>/dev/null
-systemctl reset-failed -- "$unit" 2>/dev/null
-state=$(systemctl show -p ActiveState --value -- "$unit" 2>/dev/null)
-pid=$(systemctl show -p MainPID --value -- "$unit" 2>/dev/null)
-case "$state" in active|activating|deactivating|reloading) echo "$unit is still $state (pid $pid)"; exit 1;; esac
-[ "${pid:-0}" = 0 ] || { echo "$unit still has main pid $pid"; exit 1; }
-echo "$unit stopped"
-'''
 
-_PORT_FREE = r'''
-addr=$1 port=$2 wait=$3 i=0
-while (exec 3<>"/dev/tcp/$addr/$port") 2>/dev/null; do
-    i=$((i + 1)); [ "$i" -lt "$wait" ] || { echo "something still listens on $addr:$port after ${wait}s"; exit 1; }
-    sleep 1
-done
-echo "$addr:$port is free"
-'''
 
-_LEFTOVERS = f'''
-for u in $(systemctl list-units --all --plain --no-legend '{UNIT_PREFIX}*' 2>/dev/null | awk '{{print $1}}'); do
-    systemctl stop -- "$u" 2>/dev/null; systemctl reset-failed -- "$u" 2>/dev/null; echo "stopped leftover $u"
-done; true
-'''
 
 
 def stop_cmd(unit: str) -> Cmd:
     """Stop a unit and prove it gone: not active, no main pid."""
-    return Cmd.of("bash", "-c", _STOP, "stop", unit)
+    return Cmd.of("bash", "-c", remote.text("unit_stop.sh"), "stop", unit)
 
 
 def port_free_cmd(address: str, port: int, wait: int = PORT_WAIT) -> Cmd:
     """Wait until nothing accepts connections on address:port (the next server must bind it)."""
-    return Cmd.of("bash", "-c", _PORT_FREE, "port-free", address, str(port), str(wait))
+    return Cmd.of("bash", "-c", remote.text("port_free.sh"), "port-free", address, str(port), str(wait))
 
 
 def leftovers_cmd() -> Cmd:
     """Stop probe units a killed earlier probe left running."""
-    return Cmd.of("bash", "-c", _LEFTOVERS)
+    return Cmd.of("bash", "-c", remote.text("probe_leftovers.sh"), "leftovers", UNIT_PREFIX)
 
 
 @dataclass
@@ -188,10 +167,17 @@ def production_unit(session) -> str:
 
 def production_state(session) -> tuple[bool, str]:
     """(unit file installed, active state) of the production server."""
-    unit = production_unit(session)
-    body = ('systemctl cat -- "$1" >/dev/null 2>&1 && echo installed || echo absent; '
-            'systemctl is-active -- "$1" 2>/dev/null; true')
-    words = session.run(Cmd.of("bash", "-c", body, "state", unit), step="production unit", timeout=60).output.split()
+    return ask(session, production_state_query(production_unit(session)))
+
+
+def production_state_query(unit: str) -> Query[tuple[bool, str]]:
+    return Query(Cmd.of("bash", "-c", remote.text("unit_installed.sh"), "state", unit), parse_production_state,
+                 "production unit", timeout=60, check=True)
+
+
+def parse_production_state(host: str, output: str) -> tuple[bool, str]:
+    """(installed, active state) from unit_installed.sh's two words."""
+    words = output.split()
     return (bool(words) and words[0] == "installed", words[1] if len(words) > 1 else "unknown")
 
 

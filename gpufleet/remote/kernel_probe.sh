@@ -1,0 +1,22 @@
+#!/bin/bash
+# The checkout's sgl-kernel at HEAD and the build records: `@@dir D` and `@@tree SHA` of the first candidate
+# directory whose pyproject names sgl-kernel (with `@@pyproject` and `@@cmake` texts when asked for), then
+# `@@installed` (the venv's build record), `@@record` (a build's record on the host) and `@@end`.
+# Args: $1 checkout, $2 "1" for the pyproject and CMakeLists texts, $3 installed record, $4 build record,
+# $5... candidate directories, newest layout last.
+co=$1 full=$2 installed=$3 record=$4
+shift 4
+g() { git -c safe.directory='*' -C "$co" "$@"; }
+for d in "$@"; do
+    name=$(g show "HEAD:$d/pyproject.toml" 2>/dev/null | sed -n 's/^name *= *"\([^"]*\)".*/\1/p' | head -n 1)
+    case "$name" in sgl-kernel|sgl_kernel|sglang-kernel|sglang_kernel) ;; *) continue ;; esac
+    echo "@@dir $d"
+    echo "@@tree $(g rev-parse "HEAD:$d" 2>/dev/null)"
+    if [ -n "$full" ]; then
+        echo "@@pyproject"; g show "HEAD:$d/pyproject.toml"; echo
+        echo "@@cmake"; g show "HEAD:$d/CMakeLists.txt" 2>/dev/null; echo
+    fi
+    break
+done
+echo "@@installed"; cat -- "$installed" 2>/dev/null; echo; echo "@@record"; cat -- "$record" 2>/dev/null; echo
+echo "@@end"
