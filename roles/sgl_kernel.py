@@ -22,6 +22,8 @@ from gpufleet.kernel.buildcache import BuildInputs, LocalCache
 from gpufleet.engine.command import Cmd, script
 from gpufleet.facts.script import KERNEL_DIRS
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged, Upload
+from gpufleet.remote.versions import versions_match
+from gpufleet.roleapi import Cell, Column, Declares, Import, Package, normalized
 from gpufleet.roles import pip
 
 name = "sgl-kernel"
@@ -401,3 +403,22 @@ def _build_step(ctx: PlanContext, source: Source, built: BuildInputs, key: str, 
                           _record_cmd(ctx, key, wheel_expr, "built-here", inputs_json), *_unpatch_cmds(ctx, source)),
                 needed=_needed(ctx, key), verify=(_verify(ctx, key),), timeout=BUILD_TIMEOUT,
                 changes=("checkout", "venv", "cache"), resumable=True, artifacts=(key,), uploads=uploads)
+
+
+def status_cell(facts, stack) -> Cell:
+    """The venv's sgl-kernel against the version the checkout's pyproject declares (what a build installs)."""
+    packages = facts.packages or {}
+    current = next((packages[n] for n in KERNEL_NAMES if packages.get(n)), None)
+    source = getattr(facts.checkout, "kernel_version", None) if facts.checkout else None
+    if source:
+        return Cell(current or "absent", f"{source} (from checkout)", not versions_match(current, normalized(source)))
+    return Cell(current or "absent", "built from checkout", current is None)
+
+
+declares = Declares(
+    section="sgl_kernel",
+    packages=(Package(KERNEL_NAMES[0], aliases=KERNEL_NAMES[1:]),),  # built from the checkout: no pin, own column
+    columns=(Column("sgl-kernel", status_cell),),
+    imports=(Import("sgl_kernel", (KERNEL_NAMES[0],), ops=FP4_OPS, ops_label="FP4",
+                    hints=(("undefined symbol", "sgl-kernel was built against another torch: rebuild it for this "
+                                                "torch"),)),))
