@@ -21,9 +21,10 @@ from gpufleet.kernel import sources
 from gpufleet.kernel.buildcache import BuildInputs, LocalCache
 from gpufleet.engine.command import Cmd, script
 from gpufleet.facts.script import KERNEL_DIRS
+from gpufleet import roles as registry
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged, Upload
 from gpufleet.remote.versions import versions_match
-from gpufleet.roleapi import Cell, Column, Declares, Import, Package, normalized
+from gpufleet.roleapi import Cell, Column, Declares, Import, Package, normalized, packages
 from gpufleet.roles import pip
 
 name = "sgl-kernel"
@@ -32,8 +33,12 @@ GIB = 1024 ** 3
 GIB_PER_JOB = 4  # one nvcc job of sgl-kernel needs several GiB; too many jobs is the usual OOM
 BUILD_TIMEOUT = 6 * 3600.0
 KERNEL_NAMES = ("sgl-kernel", "sglang-kernel")
-# What a build must never let pip change in the venv: the stack's own pins (upstream's pyproject asks for torch).
-PROTECTED = ("torch", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", *KERNEL_NAMES)
+
+
+def protected() -> list[str]:
+    """What a build must never let pip change in the venv: every role's pins (upstream's pyproject asks for torch)
+    and sgl-kernel itself."""
+    return [*dict.fromkeys([*(p.name for p in packages(registry.ROLES) if p.want), *KERNEL_NAMES])]
 
 
 def build_jobs(cpus: int | None, mem_bytes: int | None, override: int | str = "auto") -> int:
@@ -296,10 +301,10 @@ def build_tools(ctx: PlanContext, source: Source) -> list[str]:
             raise PlanError(ctx.host.name, name, f"{source.directory}/pyproject.toml build requirement {text!r}: "
                                                  f"{exc}") from None
         key = canonicalize_name(req.name)
-        if key in PROTECTED:
+        if key in protected():
             continue
         wanted.setdefault(key, str(req))
-    for dist in PROTECTED:
+    for dist in protected():
         have = _package(ctx.facts, dist)
         if have:
             wanted[dist] = f"{dist}=={have}"
