@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from gpufleet.config.lock import FleetLock
     from gpufleet.engine.ssh import Result
     from gpufleet.config.stack import Stack
+    from gpufleet.roleapi import Declares
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,10 @@ class PlanContext:
 
 
 class Role(Protocol):
-    """A planner for one part of the stack; a module with `name` and `plan(ctx)` satisfies it."""
+    """A planner for one part of the stack; a module with `name`, `declares` and `plan(ctx)` satisfies it."""
 
     name: str
+    declares: Declares
 
     def plan(self, ctx: PlanContext) -> list[Step | Unchanged]: ...
 

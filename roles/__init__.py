@@ -1,4 +1,5 @@
-"""The roles, in the order the engine plans and applies them; each is a module with `name` and `plan(ctx)`."""
+"""The role registry, in the order the engine plans and applies them; each is a module with `name`, `plan(ctx)` and
+`declares` (what it owns: status, the lock, verify and the stack's package list read it from here)."""
 
 from gpufleet.roles import flashinfer, locked_packages, sgl_kernel, sglang_checkout, torch, verify
 

@@ -8,60 +8,45 @@ from gpufleet import remote
 from gpufleet.engine.command import Cmd
 from gpufleet.wheels.fetch import wheel_filename
 from gpufleet.plan import PlanContext, Step, Unchanged, Upload
-from gpufleet.fleet.status import versions_match
-from gpufleet.roles.pip import (WHEEL_DIR, installed_packages, needs_versions, normalized, pushed_install, venv_python,
-                       wanted_by)
+from gpufleet.remote.versions import versions_match
+from gpufleet.roleapi import Declares, Import, Package
+from gpufleet.roles.pip import (WHEEL_DIR, installed_packages, needs_versions, pushed_install, remote_python,
+                                venv_python, wanted_by)
 
 name = "flashinfer"
-PACKAGES = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
+
+
+def _pin_jit_cache(stack, version: str):
+    """A lock's jit-cache version sets the stack's label (none when the locked wheel has none)."""
+    fi = stack.flashinfer
+    jit_cache = fi.jit_cache.model_copy(update={"local_version": version.partition("+")[2] or None})
+    return stack.model_copy(update={"flashinfer": fi.model_copy(update={"jit_cache": jit_cache})})
+
+
+declares = Declares(
+    section="flashinfer",
+    packages=(Package.at("flashinfer-python", "flashinfer.version", heading="flashinfer"),
+              # cubin is python's version exactly: a lock's python version pins both
+              Package("flashinfer-cubin", want=lambda stack: stack.flashinfer.version, heading="fi-cubin"),
+              Package("flashinfer-jit-cache", want=lambda stack: stack.flashinfer.jit_cache_version,
+                      pin=_pin_jit_cache, heading="fi-jit-cache")),
+    imports=(Import("flashinfer", ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")),))
+PACKAGES = tuple(p.name for p in declares.packages)
 SOURCES = {"flashinfer-python": "python", "flashinfer-cubin": "cubin", "flashinfer-jit-cache": "jit_cache"}
 JIT_CACHE = "$HOME/.cache/flashinfer"
 
 # exit 0 (clear needed): the JIT cache holds an entry older than the installed flashinfer-python
 _STALE_CACHE = remote.text("flashinfer_stale_cache.sh")
 
-_VERSION_RULES = r'''
-import json, sys
-import importlib.metadata as md
-want = json.loads(sys.argv[1])
-have = {}
-for n in want:
-    try:
-        have[n] = md.version(n)
-    except md.PackageNotFoundError:
-        have[n] = None
-py, cubin, jit = have["flashinfer-python"], have["flashinfer-cubin"], have["flashinfer-jit-cache"]
-names = ", ".join("%s %s" % (n, have[n] or "(absent)") for n in want)
-problems = []
-if cubin != py:
-    problems.append("flashinfer-cubin must equal flashinfer-python")
-if (jit or "").split("+")[0] != py:
-    problems.append("flashinfer-jit-cache's public version must equal flashinfer-python")
-for n, v in want.items():
-    if have[n] != v and not (have[n] and "+" not in have[n] and have[n] == v.split("+")[0]):
-        problems.append("%s is %s, stack.toml wants %s" % (n, have[n] or "absent", v))
-if problems:
-    print("flashinfer versions do not fit (%s): %s" % (names, "; ".join(problems)))
-    sys.exit(1)
-try:
-    import flashinfer
-except Exception as exc:
-    print("import flashinfer failed with %s: %s: %s" % (names, type(exc).__name__, exc))
-    sys.exit(1)
-print("flashinfer %s imports (%s)" % (flashinfer.__version__, names))
-'''
-
-
 def targets(stack) -> dict[str, str]:
     """The version each of the three packages must have (jit-cache carries the CUDA label)."""
-    fi = stack.flashinfer
-    return {"flashinfer-python": normalized(fi.version), "flashinfer-cubin": normalized(fi.version),
-            "flashinfer-jit-cache": normalized(fi.jit_cache_version)}
+    return {p.name: p.wanted(stack) for p in declares.packages}
 
 
 def rules_cmd(ctx: PlanContext) -> Cmd:
     """The version rules (cubin == python, jit-cache public == python, all as pinned), then import flashinfer."""
-    return Cmd.of(venv_python(ctx), "-c", _VERSION_RULES, json.dumps(targets(ctx.stack)), cwd="/")
+    return Cmd.of(venv_python(ctx), "-c", remote_python("flashinfer_check.py", "versions.py"),
+                  json.dumps(targets(ctx.stack)), cwd="/")
 
 
 def stale_cache_cmd(ctx: PlanContext) -> Cmd:

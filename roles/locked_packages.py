@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from gpufleet.plan import PlanContext, Step, Unchanged
-from gpufleet.fleet.status import versions_match
+from gpufleet.remote.versions import versions_match
+from gpufleet.roleapi import Declares
 from gpufleet.wheels.wheelset import canonical
 from gpufleet.roles.pip import installed_packages, needs_versions, pushed_install
 
 name = "locked-packages"
+declares = Declares()  # what it installs is the lock's list, not the stack's
 
 
 def plan(ctx: PlanContext) -> list[Step | Unchanged]:

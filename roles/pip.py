@@ -5,49 +5,29 @@ from __future__ import annotations
 import json
 from urllib.parse import urlsplit
 
-from packaging.version import InvalidVersion, Version
-
 from gpufleet import remote
 from gpufleet.engine.command import Cmd, Part, Secret
 from gpufleet.plan import PlanContext, PlanError, Upload
+from gpufleet.roleapi import normalized  # noqa: F401  (roles read it from here)
 
 # The stack alone names package sources: a host's pip.conf (extra indexes, constraints, find-links) would
 # otherwise mix other builds into an exact pin.
 PIP_ENV = {"PIP_CONFIG_FILE": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
 
 
-# exit 0: some package differs from its pin (install still needed); exit 1: all pinned versions are installed.
-# Any surprise also means "needed": a wrong "done" would skip a real change.
-_NEEDS_VERSIONS = r'''
-import json, sys
-try:
-    import importlib.metadata as md
-    for name, want in json.loads(sys.argv[1]).items():
-        try:
-            have = md.version(name)
-        except md.PackageNotFoundError:
-            sys.exit(0)
-        # pip reports some wheels (torch) without their +cuXXX label: then the public part decides
-        if have != want and not ("+" not in have and have == want.split("+")[0]):
-            sys.exit(0)
-except SystemExit:
-    raise
-except BaseException:
-    sys.exit(0)
-sys.exit(1)
-'''
-
-
 def venv_python(ctx: PlanContext) -> str:
     return f"{ctx.host.venv}/bin/python"
 
 
-def normalized(version: str) -> str:
-    """The PEP 440 normal form, as installed metadata spells it (`0.6.05` -> `0.6.5`)."""
-    try:
-        return str(Version(version))
-    except InvalidVersion:
-        return version
+def remote_python(main: str, *modules: str) -> str:
+    """A `python -c` program: gpufleet/remote/<main>, with each of `modules` (gpufleet/remote/ files, in dependency
+    order) importable under its own name, as when the files run side by side (the unit tests run them so)."""
+    lines = ["import sys, types"]
+    for file in modules:
+        mod = file.removesuffix(".py")
+        lines += [f"sys.modules[{mod!r}] = _m = types.ModuleType({mod!r})",
+                  f"exec({remote.text(file)!r}, _m.__dict__)", "del _m"]
+    return "\n".join([*lines, remote.text(main)])
 
 
 def url_part(url: str) -> Part:
@@ -77,7 +57,8 @@ def install_cmd(ctx: PlanContext, requirements: list[str], *, index_url: str | N
 def needs_versions(ctx: PlanContext, pins: dict[str, str]) -> Cmd:
     """A `needed` check: exit 0 while any of the pinned distributions differs, exit 1 once all match."""
     wanted = {name: normalized(version) for name, version in pins.items()}
-    return Cmd.of(venv_python(ctx), "-c", _NEEDS_VERSIONS, json.dumps(wanted, sort_keys=True), cwd="/")
+    return Cmd.of(venv_python(ctx), "-c", remote_python("needs_versions.py", "versions.py"),
+                  json.dumps(wanted, sort_keys=True), cwd="/")
 
 
 # ---- installs handed over by the control node: resolved on the host, fetched once, pushed, installed offline ----

@@ -23,7 +23,10 @@ from gpufleet.engine import query
 from gpufleet.engine.command import Cmd, script
 from gpufleet.engine.query import Query
 from gpufleet.facts.script import KERNEL_DIRS
+from gpufleet import roles as registry
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged, Upload
+from gpufleet.remote.versions import versions_match
+from gpufleet.roleapi import Cell, Column, Declares, Import, Package, normalized, packages
 from gpufleet.roles import pip
 
 name = "sgl-kernel"
@@ -32,8 +35,12 @@ GIB = 1024 ** 3
 GIB_PER_JOB = 4  # one nvcc job of sgl-kernel needs several GiB; too many jobs is the usual OOM
 BUILD_TIMEOUT = 6 * 3600.0
 KERNEL_NAMES = ("sgl-kernel", "sglang-kernel")
-# What a build must never let pip change in the venv: the stack's own pins (upstream's pyproject asks for torch).
-PROTECTED = ("torch", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", *KERNEL_NAMES)
+
+
+def protected() -> list[str]:
+    """What a build must never let pip change in the venv: every role's pins (upstream's pyproject asks for torch)
+    and sgl-kernel itself."""
+    return [*dict.fromkeys([*(p.name for p in packages(registry.ROLES) if p.want), *KERNEL_NAMES])]
 
 
 def build_jobs(cpus: int | None, mem_bytes: int | None, override: int | str = "auto") -> int:
@@ -270,10 +277,10 @@ def build_tools(ctx: PlanContext, source: Source) -> list[str]:
             raise PlanError(ctx.host.name, name, f"{source.directory}/pyproject.toml build requirement {text!r}: "
                                                  f"{exc}") from None
         key = canonicalize_name(req.name)
-        if key in PROTECTED:
+        if key in protected():
             continue
         wanted.setdefault(key, str(req))
-    for dist in PROTECTED:
+    for dist in protected():
         have = _package(ctx.facts, dist)
         if have:
             wanted[dist] = f"{dist}=={have}"
@@ -377,3 +384,22 @@ def _build_step(ctx: PlanContext, source: Source, built: BuildInputs, key: str, 
                           _record_cmd(ctx, key, wheel_expr, "built-here", inputs_json), *_unpatch_cmds(ctx, source)),
                 needed=_needed(ctx, key), verify=(_verify(ctx, key),), timeout=BUILD_TIMEOUT,
                 changes=("checkout", "venv", "cache"), resumable=True, artifacts=(key,), uploads=uploads)
+
+
+def status_cell(facts, stack) -> Cell:
+    """The venv's sgl-kernel against the version the checkout's pyproject declares (what a build installs)."""
+    packages = facts.packages or {}
+    current = next((packages[n] for n in KERNEL_NAMES if packages.get(n)), None)
+    source = getattr(facts.checkout, "kernel_version", None) if facts.checkout else None
+    if source:
+        return Cell(current or "absent", f"{source} (from checkout)", not versions_match(current, normalized(source)))
+    return Cell(current or "absent", "built from checkout", current is None)
+
+
+declares = Declares(
+    section="sgl_kernel",
+    packages=(Package(KERNEL_NAMES[0], aliases=KERNEL_NAMES[1:]),),  # built from the checkout: no pin, own column
+    columns=(Column("sgl-kernel", status_cell),),
+    imports=(Import("sgl_kernel", (KERNEL_NAMES[0],), ops=FP4_OPS, ops_label="FP4",
+                    hints=(("undefined symbol", "sgl-kernel was built against another torch: rebuild it for this "
+                                                "torch"),)),))

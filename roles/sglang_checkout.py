@@ -13,6 +13,7 @@ from gpufleet.engine import query
 from gpufleet.engine.command import Cmd, script
 from gpufleet.facts.checkout import redact_url
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
+from gpufleet.roleapi import Cell, Column, Declares, Package
 from gpufleet.roles import patches as series_mod
 
 name = "sglang-checkout"
@@ -224,3 +225,26 @@ def plan(ctx: PlanContext) -> list[Step | Unchanged]:
                           needed=series_mod.missing_command(path, series),
                           verify=(series_mod.applied_command(path, series),), timeout=300, changes=("checkout",)))
     return items
+
+
+def status_cell(facts, stack) -> Cell:
+    """The checkout's branch@head against the pinned commit (or the branch's tip), local edits noted."""
+    co = facts.checkout
+    pinned = stack.sglang.commit != "latest"
+    expected = stack.sglang.commit[:12] if pinned else f"{stack.sglang.branch} (latest)"
+    if co is None or not co.present:
+        return Cell("absent", expected, True, "no sglang checkout")
+    head = (co.head or "?")[:12]
+    edits = len(co.modified) + len(co.untracked)
+    note = f"{edits} local edit(s)" if edits else ""
+    if pinned:
+        drift = not (co.head or "").startswith(stack.sglang.commit)
+    else:
+        drift = bool(co.behind) or co.branch != stack.sglang.branch
+        if co.behind:
+            note = ", ".join(filter(None, [f"{co.behind} behind", note]))
+    return Cell(f"{co.branch or 'detached'}@{head}", expected, drift, note)
+
+
+declares = Declares(section="sglang", packages=(Package("sglang"),),  # installed editable from the checkout
+                    columns=(Column("sglang", status_cell),))

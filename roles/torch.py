@@ -9,44 +9,17 @@ from urllib.parse import urlsplit
 from gpufleet.engine.command import Cmd
 from gpufleet.facts.torch_report import TORCH_REPORT
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
-from gpufleet.fleet.status import versions_match
-from gpufleet.roles.pip import installed_packages, needs_versions, normalized, pushed_install, venv_python, wanted_by
+from gpufleet.remote.versions import versions_match
+from gpufleet.roleapi import Declares, Import, Package
+from gpufleet.roles.pip import (installed_packages, needs_versions, normalized, pushed_install, remote_python,
+                                venv_python, wanted_by)
 
 name = "torch"
-
-# Appended to TORCH_REPORT (which leaves its report in `r`): compare with the expectations in argv[1].
-TORCH_PROBLEMS = r'''
-import sys
-def torch_problems(r, want):
-    found = []
-    v = r.get("version") or "?"
-    if v != want["version"] and not ("+" not in want["version"] and v.split("+")[0] == want["version"]):
-        found.append("torch.__version__ is %s, stack.toml wants %s" % (v, want["version"]))
-    if want.get("cuda") and r.get("cuda") != want["cuda"]:
-        found.append("torch.version.cuda is %s, the build label wants CUDA %s" % (r.get("cuda"), want["cuda"]))
-    cap = want.get("cap")
-    if cap and not r.get("cap"):
-        why = r.get("cuda_error") or "torch.cuda.is_available() is False"
-        found.append("torch sees no GPU (%s); the host's GPUs have compute capability %d.%d" % (why, cap[0], cap[1]))
-    elif cap and list(r["cap"]) != list(cap):
-        found.append("torch reports device capability %d.%d, the host's GPUs are %d.%d" % (
-            r["cap"][0], r["cap"][1], cap[0], cap[1]))
-    arch = want.get("arch")
-    archs = r.get("arch_list") or []
-    if arch and not any(a == arch or (a.startswith(arch) and a[len(arch):].isalpha()) for a in archs):
-        found.append("torch's arch list %s lacks %s (the GPUs' arch)" % (" ".join(archs) or "(empty)", arch))
-    return found
-'''
-
-_CHECK_MAIN = r'''
-problems = torch_problems(r, json.loads(sys.argv[1]))
-for p in problems:
-    print("torch verification failed: " + p)
-if problems:
-    sys.exit(1)
-print("torch %s: CUDA %s, capability %d.%d, arch list has %s" % (r["version"], r["cuda"], r["cap"][0], r["cap"][1],
-                                                                   json.loads(sys.argv[1])["arch"]))
-'''
+declares = Declares(
+    section="torch",
+    packages=(Package.at("torch", "torch.version", verified=False),  # verify reads torch.__version__ instead
+              Package("triton")),  # comes with torch: listed with the stack, pinned by a fleet lock only
+    imports=(Import("torch", ("torch",)),))
 
 
 def cuda_of(stack) -> str | None:
@@ -78,8 +51,9 @@ def expectations(ctx: PlanContext) -> dict:
 
 def check_cmd(ctx: PlanContext) -> Cmd:
     """TORCH_REPORT in the venv, then a comparison that names whatever differs (exit 1)."""
-    code = TORCH_REPORT + TORCH_PROBLEMS + _CHECK_MAIN
-    return Cmd.of(venv_python(ctx), "-c", code, json.dumps(expectations(ctx), sort_keys=True), cwd="/")
+    code = remote_python("torch_check.py", "versions.py", "torch_problems.py")
+    want = {**expectations(ctx), "probe": TORCH_REPORT}
+    return Cmd.of(venv_python(ctx), "-c", code, json.dumps(want, sort_keys=True), cwd="/")
 
 
 def plan(ctx: PlanContext) -> list[Step | Unchanged]:
@@ -87,7 +61,7 @@ def plan(ctx: PlanContext) -> list[Step | Unchanged]:
     want = ctx.stack.torch.version
     packages = installed_packages(ctx, name)
     have = packages.get("torch")
-    if versions_match(have, want):
+    if versions_match(have, normalized(want)):
         return [Unchanged(name, f"torch {have} already installed ({wanted_by(ctx)} {want})")]
     had = f"venv has torch {have}" if have else f"torch is not installed in {ctx.host.venv}"
     pins, uploads, cmd = pushed_install(ctx, name, [f"torch=={want}"], index_url=ctx.stack.torch.index_url,

@@ -8,26 +8,26 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from gpufleet.fleet.status import COMPONENTS, HostStatus
+from gpufleet.fleet.status import HostStatus, headings, stack_versions
 
 # Piped output (logs, CI) gets a wide console instead of rich's 80 columns, so tables are not folded.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-SHORT = {"flashinfer-python": "flashinfer", "flashinfer-cubin": "fi-cubin", "flashinfer-jit-cache": "fi-jit-cache"}
 
 
 def status_table(rows: list[HostStatus]) -> Table:
     """One row per host, one column per stack component; drift in red as current -> expected."""
     table = Table(title="gpufleet status", show_lines=False)
     table.add_column("host", style="bold")
-    for comp in COMPONENTS:
-        table.add_column(SHORT.get(comp, comp))
+    columns = headings()
+    for heading in columns.values():
+        table.add_column(heading)
     for row in rows:
         if not row.reachable:
             table.add_row(row.host, f"[red]UNREACHABLE[/] {row.error.splitlines()[0] if row.error else ''}",
-                          *[""] * (len(COMPONENTS) - 1))
+                          *[""] * (len(columns) - 1))
             continue
         cells = []
-        for comp in COMPONENTS:
+        for comp in columns:
             cell = row.cells.get(comp)
             if cell is None:
                 cells.append("")
@@ -75,9 +75,8 @@ def print_facts(facts) -> None:
         table.add_row(f"disk {d.path}", f"{_gib(d.free_bytes)} free of {_gib(d.total_bytes)} on {d.mount}")
     table.add_row("nvcc", facts.nvcc_version or "-")
     table.add_row("python", facts.python_version or "-")
-    for name in ("torch", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", "sgl-kernel", "sglang",
-                 "triton"):
-        table.add_row(name, (facts.packages or {}).get(name, "-"))
+    for name, version in stack_versions(facts.packages or {}).items():
+        table.add_row(name, version or "-")
     co = facts.checkout
     if co and co.present:
         table.add_row("sglang checkout", f"{co.path} {co.branch}@{(co.head or '')[:12]} -> {co.upstream} "

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from gpufleet.config.util import read_toml, validation_error
 from gpufleet.errors import ConfigError
+from gpufleet.remote.versions import versions_match
 from gpufleet.wheels.wheelset import canonical
 
 FORMAT = 1
@@ -146,7 +147,7 @@ def compare(found: FleetLock, host: str, packages: dict[str, str], head: str | N
         got = have.get(name)
         if got is None:
             drift.packages.append(f"{name}: absent (lock: {want})")
-        elif got != want and not _same_public(got, want):
+        elif not versions_match(got, want):
             drift.packages.append(f"{name}: {got} (lock: {want})")
     for name in sorted(set(have) - set(found.packages)):
         drift.extra.append(f"{name}: {have[name]} is not in the lock")
@@ -160,16 +161,8 @@ def compare(found: FleetLock, host: str, packages: dict[str, str], head: str | N
     return drift
 
 
-def _same_public(have: str, want: str) -> bool:
-    """pip reports some wheels (torch) without their +cuXXX label: then the public part decides."""
-    return "+" not in have and have == want.split("+")[0]
-
-
-
-
-def locked_stack(stack, found: FleetLock, host: str | None = None):
-    """The host's stack with the lock's torch, flashinfer and sglang commit; the site's patches must be the lock's.
-    Where stack.toml says otherwise the lock wins: converging to a recorded, proven stack is the point."""
+def check_patches(stack, found: FleetLock, host: str | None = None) -> None:
+    """The site's patch series must be the ones the lock was proven with."""
     from gpufleet.kernel.buildcache import patches_digest
 
     for section, where in (("sglang", stack.sglang.patches), ("sgl_kernel", stack.sgl_kernel.patches)):
@@ -179,15 +172,3 @@ def locked_stack(stack, found: FleetLock, host: str | None = None):
                                           f"(sha256 {patches_digest(where)[:12]}): restore those patches or record "
                                           f"a new lock", host=host, field=f"{section}.patches",
                               value=recorded, has_value=True)
-    pkgs = found.packages
-    torch = pkgs.get("torch", stack.torch.version)
-    fi_version = pkgs.get("flashinfer-python", stack.flashinfer.version)
-    jit = pkgs.get("flashinfer-jit-cache")
-    jit_cache = stack.flashinfer.jit_cache
-    if jit:
-        jit_cache = jit_cache.model_copy(update={"local_version": jit.partition("+")[2] or None})
-    return stack.model_copy(update={
-        "torch": stack.torch.model_copy(update={"version": torch}),
-        "flashinfer": stack.flashinfer.model_copy(update={"version": fi_version, "jit_cache": jit_cache}),
-        "sglang": stack.sglang.model_copy(update={"commit": found.sglang.commit}),
-    })

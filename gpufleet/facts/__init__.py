@@ -6,8 +6,7 @@ from gpufleet.facts.gpu import (SUMMARY_QUERY_FIELDS, Gpu, GpuFacts, GpuListing,
                                 parse_gpu_query, parse_query_gpu_csv, parse_smi_header, parse_smi_list,
                                 parse_smi_versions, parse_smi_xml, smi_failure)
 from gpufleet.facts.model import HostFacts
-from gpufleet.facts.packages import (STACK_PACKAGES, normalize_name, parse_pip_editables, parse_pip_freeze,
-                                     parse_pip_list_json, stack_versions)
+from gpufleet.facts.packages import normalize_name, parse_pip_editables, parse_pip_freeze, parse_pip_list_json
 from gpufleet.facts.parse import parse_facts
 from gpufleet.facts.torch_report import TORCH_REPORT, TorchReport, parse_torch_report
 from gpufleet.facts.script import GPU_QUERY_FIELDS, SECTIONS, facts_script, unit_name
@@ -18,11 +17,11 @@ from gpufleet.facts.unit import UnitFacts, parse_unit
 
 __all__ = [
     "CheckoutFacts", "DiskFree", "GPU_QUERY_FIELDS", "Gpu", "GpuFacts", "GpuListing", "HostFacts", "MARKER", "Memory",
-    "OsFacts", "SECTIONS", "STACK_PACKAGES", "SUMMARY_QUERY_FIELDS", "Section", "SmiVersions", "TORCH_REPORT",
+    "OsFacts", "SECTIONS", "SUMMARY_QUERY_FIELDS", "Section", "SmiVersions", "TORCH_REPORT",
     "TorchReport", "UnitFacts", "facts_script", "gpu_facts", "gpu_problems", "normalize_name", "parse_checkout",
     "parse_cpu_count", "parse_disks", "parse_facts", "parse_gpu_query", "parse_mem", "parse_nvcc", "parse_os",
     "parse_pip_editables", "parse_pip_freeze", "parse_pip_list_json", "parse_python_version", "parse_query_gpu_csv",
     "parse_sections", "parse_smi_header", "parse_smi_list", "parse_smi_versions", "parse_smi_xml",
-    "parse_torch_report", "parse_unit", "redact_url", "script_note", "smi_failure", "stack_versions", "unit_name",
+    "parse_torch_report", "parse_unit", "redact_url", "script_note", "smi_failure", "unit_name",
     "unquote_path",
 ]

@@ -10,11 +10,6 @@ from packaging.utils import canonicalize_name
 from gpufleet.errors import FactError
 from gpufleet.facts.sections import first_line, script_note
 
-STACK_PACKAGES = ("torch", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", "sgl-kernel", "sglang",
-                  "triton")
-# the same package under a newer or older distribution name
-_STACK_ALIASES = {"sgl-kernel": ("sgl-kernel", "sglang-kernel")}
-
 
 def normalize_name(name: str) -> str:
     """PEP 503 normalised distribution name (`Flashinfer_Python` -> `flashinfer-python`)."""
@@ -62,12 +57,3 @@ def parse_pip_freeze(text: str, host: str | None) -> dict[str, str]:
         raise FactError("packages", host, script_note(text) or f"no `name==version` lines in {first_line(text)!r}")
     return found
 
-
-def stack_versions(pkgs: dict[str, str]) -> dict[str, str | None]:
-    """The stack's packages picked out of a package dict: {stack name: version or None when not installed}."""
-    normal = {normalize_name(name): version for name, version in pkgs.items()}
-    picked = {}
-    for name in STACK_PACKAGES:
-        names = _STACK_ALIASES.get(name, (name,))
-        picked[name] = next((normal[n] for n in names if n in normal), None)
-    return picked

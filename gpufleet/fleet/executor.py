@@ -19,7 +19,8 @@ from gpufleet.facts.checkout import redact_url
 from gpufleet.wheels.fetch import WheelCache, fetch_pip_wheel, sha256_of
 from gpufleet.facts.gather import gather_facts
 from gpufleet.fleet.hoststate import HostClaimedError, RunInfo
-from gpufleet.config.lock import FleetLock, locked_stack
+from gpufleet.config.lock import FleetLock
+from gpufleet.fleet.lockstate import locked_stack
 from gpufleet.plan import PlanContext, Role, Step, Unchanged, Upload, brief
 from gpufleet.wheels.push import PushItem
 

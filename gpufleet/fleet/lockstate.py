@@ -5,11 +5,14 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gpufleet import roles as registry
 from gpufleet.kernel import buildcache
 from gpufleet.engine.command import Cmd
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import gather_facts
-from gpufleet.config.lock import (FORMAT, FleetLock, LockDrift, LockKernel, LockMeta, LockSglang, LockWheel, compare)
+from gpufleet.config.lock import (FORMAT, FleetLock, LockDrift, LockKernel, LockMeta, LockSglang, LockWheel,
+                                  check_patches, compare)
+from gpufleet.roleapi import packages
 
 
 class LockRecordError(GpufleetError):
@@ -53,3 +56,14 @@ def record(session, stack, wheels: list[dict], command: str) -> FleetLock:
                               patches=buildcache.patches_digest(Path(stack.sgl_kernel.patches))),
         packages=dict(sorted(facts.packages.items())),
         wheels=list(seen.values()))
+
+
+def locked_stack(stack, found: FleetLock, host: str | None = None):
+    """The host's stack with the lock's version of every package a role pins (torch, flashinfer) and its sglang
+    commit; the site's patches must be the lock's. Where stack.toml says otherwise the lock wins: converging to a
+    recorded, proven stack is the point."""
+    check_patches(stack, found, host)
+    for package in packages(registry.ROLES):
+        if package.pin and package.name in found.packages:
+            stack = package.pin(stack, found.packages[package.name])
+    return stack.model_copy(update={"sglang": stack.sglang.model_copy(update={"commit": found.sglang.commit})})

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from packaging.version import InvalidVersion, Version
-
+from gpufleet import roles as registry
 from gpufleet.facts.checks import gpu_problems
+from gpufleet.facts.packages import normalize_name
+from gpufleet.roleapi import Cell, columns, packages
 
-COMPONENTS = ("gpus", "torch", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", "sgl-kernel",
-              "sglang", "service")
+
+def headings() -> dict[str, str]:
+    """Every column's key and heading: the host's GPUs, each role's columns in registry order, the service."""
+    return {"gpus": "gpus", **{c.key: c.heading or c.key for c in columns(registry.ROLES)}, "service": "service"}
 
 
-@dataclass
-class Cell:
-    """One component on one host: what it is, what it should be, and whether that differs."""
-
-    current: str
-    expected: str
-    drift: bool
-    note: str = ""
+def stack_versions(pkgs: dict[str, str]) -> dict[str, str | None]:
+    """The registry's packages picked out of a package dict: {name: version or None when not installed}."""
+    normal = {normalize_name(name): version for name, version in pkgs.items()}
+    return {p.name: next((normal[n] for n in p.names() if n in normal), None) for p in packages(registry.ROLES)}
 
 
 @dataclass
@@ -47,27 +46,6 @@ class HostStatus:
         return data
 
 
-def versions_match(installed: str | None, expected: str) -> bool:
-    """Equal as PEP 440 versions; an installed version without a local label matches on the public part,
-    since pip reports some wheels (torch) without their +cuXXX label."""
-    if not installed:
-        return False
-    try:
-        have, want = Version(installed), Version(expected)
-    except InvalidVersion:
-        return installed == expected
-    if have == want:
-        return True
-    return have.local is None and have.public == want.public
-
-
-def _package_cell(packages: dict[str, str] | None, name: str, expected: str) -> Cell:
-    if packages is None:
-        return Cell("?", expected, True, "packages could not be read")
-    current = packages.get(name)
-    return Cell(current or "absent", expected, not versions_match(current, expected))
-
-
 def _gpu_cell(facts, host) -> tuple[Cell, list[str]]:
     want = f"{host.gpus.count}x cc {host.gpus.compute_capability}"
     problems = gpu_problems(facts, host.gpus.count, host.gpus.compute_capability, host.gpus.name)
@@ -76,33 +54,6 @@ def _gpu_cell(facts, host) -> tuple[Cell, list[str]]:
         return Cell("none", want, True), problems
     caps = sorted({g.compute_capability for g in gpus})
     return Cell(f"{len(gpus)}x cc {'/'.join(caps)}", want, bool(problems)), problems
-
-
-def _kernel_cell(facts) -> Cell:
-    packages = facts.packages
-    current = (packages or {}).get("sgl-kernel") or (packages or {}).get("sglang-kernel")
-    source = getattr(facts.checkout, "kernel_version", None) if facts.checkout else None
-    if source:
-        return Cell(current or "absent", f"{source} (from checkout)", not versions_match(current, source))
-    return Cell(current or "absent", "built from checkout", current is None)
-
-
-def _sglang_cell(facts, stack) -> Cell:
-    co = facts.checkout
-    pinned = stack.sglang.commit != "latest"
-    expected = stack.sglang.commit[:12] if pinned else f"{stack.sglang.branch} (latest)"
-    if co is None or not co.present:
-        return Cell("absent", expected, True, "no sglang checkout")
-    head = (co.head or "?")[:12]
-    edits = len(co.modified) + len(co.untracked)
-    note = f"{edits} local edit(s)" if edits else ""
-    if pinned:
-        drift = not (co.head or "").startswith(stack.sglang.commit)
-    else:
-        drift = bool(co.behind) or co.branch != stack.sglang.branch
-        if co.behind:
-            note = ", ".join(filter(None, [f"{co.behind} behind", note]))
-    return Cell(f"{co.branch or 'detached'}@{head}", expected, drift, note)
 
 
 def _service_cell(facts, host) -> Cell:
@@ -123,14 +74,8 @@ def compare(host, stack, facts) -> HostStatus:
     gpu_cell, gpu_msgs = _gpu_cell(facts, host)
     status.cells["gpus"] = gpu_cell
     status.problems += gpu_msgs
-    pk = facts.packages
-    fi = stack.flashinfer
-    status.cells["torch"] = _package_cell(pk, "torch", stack.torch.version)
-    status.cells["flashinfer-python"] = _package_cell(pk, "flashinfer-python", fi.version)
-    status.cells["flashinfer-cubin"] = _package_cell(pk, "flashinfer-cubin", fi.version)
-    status.cells["flashinfer-jit-cache"] = _package_cell(pk, "flashinfer-jit-cache", fi.jit_cache_version)
-    status.cells["sgl-kernel"] = _kernel_cell(facts)
-    status.cells["sglang"] = _sglang_cell(facts, stack)
+    for column in columns(registry.ROLES):
+        status.cells[column.key] = column.cell(facts, stack)
     status.cells["service"] = _service_cell(facts, host)
     return status
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet.errors import FactError
-from gpufleet.facts import (normalize_name, parse_pip_editables, parse_pip_freeze, parse_pip_list_json,
-                            stack_versions)
+from gpufleet.facts import normalize_name, parse_pip_editables, parse_pip_freeze, parse_pip_list_json
+from gpufleet.fleet.status import stack_versions
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REAL, SIM, BROKEN = FIXTURES / "real-h200", FIXTURES / "sim-blackwell", FIXTURES / "broken"

@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from gpufleet.facts import parse_facts, parse_sections, script_note, stack_versions
+from gpufleet.facts import parse_facts, parse_sections, script_note
+from gpufleet.fleet.status import stack_versions
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

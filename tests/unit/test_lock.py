@@ -11,6 +11,7 @@ from gpufleet.kernel.buildcache import patches_digest
 from gpufleet.errors import ConfigError
 from gpufleet.config.lock import FleetLock, LockKernel, LockMeta, LockSglang, LockWheel
 from gpufleet.config.stack import Stack, load_stack
+from gpufleet.fleet.lockstate import locked_stack
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 SG_PATCHES = "a" * 64
@@ -321,7 +322,7 @@ def proven(stack: Stack, packages: dict[str, str], **kw) -> FleetLock:
 
 def test_the_lock_wins_over_the_stack(site: Stack) -> None:
     found = proven(site, {"torch": TORCH, "flashinfer-python": "0.6.5", "flashinfer-jit-cache": "0.6.5+cu129"})
-    got = lock.locked_stack(site, found, "gpu2")
+    got = locked_stack(site, found, "gpu2")
     assert got.torch.version == TORCH
     assert got.flashinfer.version == "0.6.5" and got.flashinfer.jit_cache.local_version == "cu129"
     assert got.flashinfer.jit_cache_version == "0.6.5+cu129"
@@ -332,12 +333,12 @@ def test_the_lock_wins_over_the_stack(site: Stack) -> None:
 
 
 def test_a_jit_cache_without_label_drops_the_stacks_label(site: Stack) -> None:
-    got = lock.locked_stack(site, proven(site, {"flashinfer-jit-cache": "0.6.5"}))
+    got = locked_stack(site, proven(site, {"flashinfer-jit-cache": "0.6.5"}))
     assert got.flashinfer.jit_cache.local_version is None
 
 
 def test_what_the_lock_does_not_name_stays_the_stacks(site: Stack) -> None:
-    got = lock.locked_stack(site, proven(site, {"numpy": "2.3.0"}))
+    got = locked_stack(site, proven(site, {"numpy": "2.3.0"}))
     assert got.torch.version == "2.9.1+cu130" and got.flashinfer.version == "0.6.4"
     assert got.flashinfer.jit_cache.local_version == site.flashinfer.jit_cache.local_version == "cu130"
     assert got.sglang.commit == COMMIT
@@ -350,7 +351,7 @@ def test_changed_patches_are_refused_naming_the_lock_file_and_field(site: Stack,
     recorded = getattr(found, section).patches
     (tmp_path / "patches" / dirname / "0001-fix.patch").write_text("--- a/y\n+++ b/y\n")
     with pytest.raises(ConfigError) as info:
-        lock.locked_stack(site, found, "gpu2")
+        locked_stack(site, found, "gpu2")
     err = info.value
     assert err.path == found.path and err.field == f"{section}.patches" and err.host == "gpu2"
     assert_names(err, "20260308-gpu1.toml", f"field '{section}.patches'", "not the one this lock was proven with",
@@ -360,10 +361,10 @@ def test_changed_patches_are_refused_naming_the_lock_file_and_field(site: Stack,
 def test_a_series_that_lists_another_patch_is_refused(site: Stack) -> None:
     found = proven(site, {"torch": TORCH})
     (site.sglang.patches / "0002-more.patch").write_text("--- a/z\n")
-    lock.locked_stack(site, found)  # a file the series does not name is not part of it
+    locked_stack(site, found)  # a file the series does not name is not part of it
     (site.sglang.patches / "series").write_text("0001-fix.patch\n0002-more.patch\n")
     with pytest.raises(ConfigError, match="field 'sglang.patches'"):
-        lock.locked_stack(site, found)
+        locked_stack(site, found)
 
 
 # --- inv status --lock: the table ------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from gpufleet.facts import (SECTIONS, HostFacts, parse_facts, parse_gpu_query, p
                             parse_smi_header, parse_smi_list, parse_torch_report)
 from gpufleet.config.inventory import GpuExpectation, load_inventory
 from gpufleet.config.stack import load_stack
-from gpufleet.fleet.status import compare, versions_match
+from gpufleet.fleet.status import compare
+from gpufleet.remote.versions import versions_match
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real-h200-ssh"
 REPO = Path(__file__).resolve().parents[2]
