@@ -13,7 +13,7 @@ from typing import Iterable, Mapping
 import jinja2
 
 from gpufleet import remote
-from gpufleet.fleet import modelfiles
+from gpufleet.facts import modelfiles
 from gpufleet.kernel.buildcache import installed_record
 from gpufleet.engine import query
 from gpufleet.engine.command import Cmd, Secret

@@ -13,6 +13,7 @@ import tomllib
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from gpufleet.config import series
 from gpufleet import remote
 from gpufleet.kernel import buildcache
 from gpufleet.kernel import cmake
@@ -107,7 +108,7 @@ def inputs(ctx: PlanContext, tree: str) -> BuildInputs:
     if not torch:
         raise PlanError(ctx.host.name, name, "torch is not installed in the venv (the torch role runs first)")
     return BuildInputs(torch=torch, cuda=_cuda(ctx), arch=cfg.arch, source_tree=tree,
-                       patches=buildcache.patches_digest(_patch_dir(ctx)), fp4=cfg.enable_fp4,
+                       patches=series.patches_digest(_patch_dir(ctx)), fp4=cfg.enable_fp4,
                        extra_cmake_args=tuple(cfg.extra_cmake_args), compile_threads=cfg.compile_threads,
                        defines=tuple(sorted(cfg.cmake_defines.items())))
 
@@ -244,12 +245,12 @@ def _install_step(ctx: PlanContext, key: str, wheel: str, origin: str, why: str)
 def _patch_cmds(ctx: PlanContext, source: Source) -> list[Cmd]:
     pdir = _patch_dir(ctx)
     cmds = []
-    for pname in buildcache.series_names(pdir):
+    for pname in series.series_names(pdir):
         text = (pdir / pname).read_text()
         # Idempotent: a patch that reverse-applies is already in the tree.
-        body = (f'if printf "%s" "$1" | git apply --reverse --check --directory="$3" - 2>/dev/null; then '
-                f'echo "already applied: $2"; else printf "%s" "$1" | git apply --directory="$3" - && '
-                f'echo "applied: $2"; fi')
+        body = ('if printf "%s" "$1" | git apply --reverse --check --directory="$3" - 2>/dev/null; then '
+                'echo "already applied: $2"; else printf "%s" "$1" | git apply --directory="$3" - && '
+                'echo "applied: $2"; fi')
         cmds.append(Cmd.of("bash", "-c", body, "patch", text, pname, source.directory,
                            cwd=ctx.host.sglang_checkout))
     return cmds
@@ -262,7 +263,7 @@ def _unpatch_cmds(ctx: PlanContext, source: Source) -> list[Cmd]:
     body = ('if printf "%s" "$1" | git apply --reverse --check --directory="$3" - 2>/dev/null; then '
             'printf "%s" "$1" | git apply --reverse --directory="$3" - && echo "reverted: $2"; fi')
     return [Cmd.of("bash", "-c", body, "unpatch", (pdir / pname).read_text(), pname, source.directory,
-                   cwd=ctx.host.sglang_checkout) for pname in reversed(buildcache.series_names(pdir))]
+                   cwd=ctx.host.sglang_checkout) for pname in reversed(series.series_names(pdir))]
 
 
 def build_tools(ctx: PlanContext, source: Source) -> list[str]:
@@ -313,7 +314,7 @@ def patched_cmakelists(ctx: PlanContext, source: Source) -> str:
     with tempfile.TemporaryDirectory(prefix="gpufleet-cmake-") as tmp:
         target = Path(tmp) / "CMakeLists.txt"
         target.write_text(source.cmakelists)
-        for pname in buildcache.series_names(pdir):
+        for pname in series.series_names(pdir):
             proc = subprocess.run(["git", "apply", "--include=CMakeLists.txt", str(pdir / pname)], cwd=tmp,
                                   capture_output=True, text=True, env={"GIT_CEILING_DIRECTORIES": tmp, "PATH":
                                                                        "/usr/bin:/bin:/usr/local/bin"})

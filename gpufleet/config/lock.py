@@ -11,9 +11,10 @@ import tomlkit
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from gpufleet.config.util import read_toml, validation_error
+from gpufleet.config.series import patches_digest
 from gpufleet.errors import ConfigError
 from gpufleet.remote.versions import versions_match
-from gpufleet.wheels.wheelset import canonical
+from packaging.utils import canonicalize_name
 
 FORMAT = 1
 # Built or checked out on the host, never taken from an index: the lock's commit and build key govern them.
@@ -81,7 +82,7 @@ def load(path: str | Path) -> FleetLock:
         found = FleetLock(**data)
     except ValidationError as exc:
         raise validation_error(exc, path, FleetLock) from None
-    packages = {canonical(n): v for n, v in found.packages.items()}
+    packages = {str(canonicalize_name(n)): v for n, v in found.packages.items()}
     return found.model_copy(update={"packages": packages, "path": str(path)})
 
 
@@ -142,7 +143,7 @@ def compare(found: FleetLock, host: str, packages: dict[str, str], head: str | N
             build_key: str | None) -> LockDrift:
     """Every locked distribution the host lacks or has at another version, every extra one, the commit, the build."""
     drift = LockDrift(host)
-    have = {canonical(n): v for n, v in packages.items()}
+    have = {str(canonicalize_name(n)): v for n, v in packages.items()}
     for name, want in sorted(found.packages.items()):
         got = have.get(name)
         if got is None:
@@ -163,7 +164,6 @@ def compare(found: FleetLock, host: str, packages: dict[str, str], head: str | N
 
 def check_patches(stack, found: FleetLock, host: str | None = None) -> None:
     """The site's patch series must be the ones the lock was proven with."""
-    from gpufleet.kernel.buildcache import patches_digest
 
     for section, where in (("sglang", stack.sglang.patches), ("sgl_kernel", stack.sgl_kernel.patches)):
         recorded = getattr(found, section).patches

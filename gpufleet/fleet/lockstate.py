@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gpufleet.config import series
 from gpufleet import roles as registry
 from gpufleet.kernel import buildcache
 from gpufleet.engine.command import Cmd
@@ -51,9 +52,9 @@ def record(session, stack, wheels: list[dict], command: str) -> FleetLock:
     return FleetLock(
         lock=LockMeta(format=FORMAT, created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                       canary=session.name, command=command),
-        sglang=LockSglang(commit=facts.checkout.head, patches=buildcache.patches_digest(Path(stack.sglang.patches))),
+        sglang=LockSglang(commit=facts.checkout.head, patches=series.patches_digest(Path(stack.sglang.patches))),
         sgl_kernel=LockKernel(build_key=host_build_key(session),
-                              patches=buildcache.patches_digest(Path(stack.sgl_kernel.patches))),
+                              patches=series.patches_digest(Path(stack.sgl_kernel.patches))),
         packages=dict(sorted(facts.packages.items())),
         wheels=list(seen.values()))
 

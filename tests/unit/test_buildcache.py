@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from gpufleet.kernel.buildcache import (BuildInputs, LocalCache, Record, fetch_to_cache, patches_digest,
-                                       push_from_cache, record_path, series_names)
+from gpufleet.config.series import patches_digest, series_names
+from gpufleet.kernel.buildcache import BuildInputs, LocalCache, Record, fetch_to_cache, push_from_cache, record_path
 from gpufleet.testing.session import FakeSession
 
 BASE = BuildInputs(torch="2.12.0.dev20260307+cu130", cuda="13.0", arch="12.0a", source_tree="a" * 40,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.resources
 import importlib.util
-import io
 import json
 import os
 import struct

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.config import lock
-from gpufleet.kernel.buildcache import patches_digest
+from gpufleet.config.series import patches_digest
 from gpufleet.errors import ConfigError
 from gpufleet.config.lock import FleetLock, LockKernel, LockMeta, LockSglang, LockWheel
 from gpufleet.config.stack import Stack, load_stack

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.fleet import modelfiles
+from gpufleet.facts import modelfiles
 from gpufleet.errors import FactError
 
 SHARDS = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]

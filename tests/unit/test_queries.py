@@ -18,7 +18,8 @@ from gpufleet.engine.query import Query, ask
 from gpufleet.engine.ssh import Result
 from gpufleet.errors import UnreachableError
 from gpufleet.facts.gather import facts_query
-from gpufleet.fleet import health, modelfiles
+from gpufleet.facts import modelfiles
+from gpufleet.fleet import health
 from gpufleet.probe import on_host
 from gpufleet.wheels import push
 from gpufleet.roles import model_server, sgl_kernel

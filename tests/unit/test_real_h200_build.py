@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import roles.sgl_kernel as sk
-from gpufleet.kernel import buildcache
+from gpufleet.config import series
 from gpufleet.engine import detached
 from gpufleet.kernel.buildcache import BuildInputs, LocalCache, Record
 from gpufleet.engine.command import Cmd
@@ -144,7 +144,7 @@ def test_facts_over_ssh_sized_the_build():
                                                  (2, (NVCC_ARG,), KEY_UPGRADE)])
 def test_build_keys_are_reproduced_from_the_real_inputs(threads, extra, key, tmp_path):
     inputs = BuildInputs(torch="2.11.0", cuda="13.0.88", arch="9.0a", source_tree=TREE,
-                         patches=buildcache.patches_digest(tmp_path), fp4=False, extra_cmake_args=extra,
+                         patches=series.patches_digest(tmp_path), fp4=False, extra_cmake_args=extra,
                          compile_threads=threads)
     assert inputs.key() == key
     assert (FIX / "builds" / key).is_dir()

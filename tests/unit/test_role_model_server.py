@@ -14,7 +14,7 @@ from gpufleet.facts.checkout import CheckoutFacts
 from gpufleet.facts.model import HostFacts
 from gpufleet.facts.unit import UnitFacts
 from gpufleet.config.inventory import Host, load_inventory
-from gpufleet.fleet.modelfiles import MARKER
+from gpufleet.facts.modelfiles import MARKER
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
 from gpufleet.engine.ssh import Result
 from gpufleet.config.stack import Stack, host_stacks, load_stack, stack_for_host

@@ -17,7 +17,7 @@ from gpufleet.engine.command import Cmd
 from gpufleet.facts.model import HostFacts
 from gpufleet.fleet.lockstate import locked_stack
 from gpufleet.fleet.status import compare, stack_versions
-from gpufleet.kernel.buildcache import patches_digest
+from gpufleet.config.series import patches_digest
 from gpufleet.plan import PlanContext, Step, Unchanged
 from gpufleet.remote.versions import versions_match
 from gpufleet.roleapi import Declares, Import, Package
