@@ -7,20 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpufleet.facts.model import HostFacts
-from gpufleet.config.inventory import Host
+from gpufleet.testing.context import plan_context
 from gpufleet.plan import PlanContext, Step, Unchanged
 from gpufleet.sim import wheels
 from gpufleet.engine.ssh import Result
-from gpufleet.config.stack import Stack
 from gpufleet.roles import verify
 
 TARGET = wheels.TARGET
 
 
 def ctx(probe=None) -> PlanContext:
-    return PlanContext(host=Host(name="gpu1", address="10.0.0.1"), stack=Stack(),
-                       facts=HostFacts(host="gpu1", packages={}), read=probe, repo=Path("."))
+    return plan_context(packages={}, read=probe)
 
 
 def test_without_probe_a_check_step_is_planned():

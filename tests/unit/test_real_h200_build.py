@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import roles.sgl_kernel as sk
+from gpufleet.testing.context import plan_context
 from gpufleet.config import series
 from gpufleet.engine import detached
 from gpufleet.kernel.buildcache import BuildInputs, LocalCache, Record
@@ -107,7 +108,7 @@ def replan(tag: str, tmp_path: Path) -> tuple[Step, PlanContext]:
     answers[0] = (f"@@dir sgl-kernel\n{answers[0].splitlines()[0]}\n@@pyproject\n{(kernel / 'pyproject.toml').read_text()}"
                   f"\n@@cmake\n{(kernel / 'CMakeLists.txt').read_text()}\n" + "\n".join(answers[0].splitlines()[1:]))
     probe = _Probe(answers)
-    ctx = PlanContext(host=host, stack=stack, facts=facts, read=probe, repo=REPO)
+    ctx = plan_context(host=host, stack=stack, facts=facts, read=probe, repo=REPO)
     items = sk.plan(ctx, cache=LocalCache(tmp_path / "cache"))
     assert len(items) == 1 and isinstance(items[0], Step)
     return items[0], ctx

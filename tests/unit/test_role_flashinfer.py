@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.facts.model import HostFacts
-from gpufleet.config.inventory import Host
+from gpufleet.testing.context import plan_context
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged, Upload
 from gpufleet.sim import wheels
 from gpufleet.engine.ssh import Result
@@ -27,9 +26,7 @@ JIT_URL = ("https://github.com/flashinfer-ai/flashinfer/releases/download/v0.6.5
 
 
 def ctx(packages=OLD, *, stack=None, probe=None) -> PlanContext:
-    return PlanContext(host=Host(name="gpu1", address="10.0.0.1"), stack=stack or Stack(),
-                       facts=HostFacts(host="gpu1", packages=packages), read=probe, repo=Path("."),
-                       resolver=lambda: RESOLVER)
+    return plan_context(stack=stack, packages=packages, read=probe, resolver=lambda: RESOLVER)
 
 
 def with_overrides(over: dict) -> Stack:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from gpufleet.testing.context import plan_context
 from gpufleet.facts.model import HostFacts
 from gpufleet.config.inventory import Host
 from gpufleet.config.lock import FleetLock, LockKernel, LockMeta, LockSglang, LockWheel
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged, Upload
-from gpufleet.config.stack import Stack
 from gpufleet.wheels.wheelset import WheelRef
 from gpufleet.roles import locked_packages
 from gpufleet.roles.pip import WHEEL_DIR, handed_over
@@ -35,8 +34,8 @@ def fleet_lock(packages=LOCKED, wheels=()) -> FleetLock:
 
 def ctx(packages, *, found: FleetLock | None = None, editables=None, probe=None) -> PlanContext:
     facts = HostFacts(host="gpu2", packages=packages, editables=editables)
-    return PlanContext(host=Host(name="gpu2", address="10.0.0.2"), stack=Stack(), facts=facts, read=probe,
-                       repo=Path("."), resolver=lambda: RESOLVER, lock=found)
+    return plan_context(host=Host(name="gpu2", address="10.0.0.2"), facts=facts, read=probe,
+                        resolver=lambda: RESOLVER, lock=found)
 
 
 def at_lock(**changed) -> dict[str, str]:

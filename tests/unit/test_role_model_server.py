@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.testing.context import plan_context
 from gpufleet.engine.command import MASK, Secret
 from gpufleet.facts.checkout import CheckoutFacts
 from gpufleet.facts.model import HostFacts
@@ -72,8 +73,7 @@ class Probe:
 
 
 def context(probe, *, host=None, stack=None, **fact_kw) -> PlanContext:
-    return PlanContext(host=host or Host(name="gpu1", address="10.0.0.1"), stack=stack or Stack(),
-                       facts=facts(**fact_kw), read=probe, repo=REPO)
+    return plan_context(host=host, stack=stack, facts=facts(**fact_kw), read=probe, repo=REPO)
 
 
 def converged(**fact_kw) -> tuple[Probe, PlanContext]:

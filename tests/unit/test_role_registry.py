@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from gpufleet.testing.context import plan_context
 from gpufleet import roles as registry
 from gpufleet.cli import render
 from gpufleet.config.inventory import Host
@@ -66,8 +67,7 @@ AT_TARGET = {"torch": TARGET["torch"], "flashinfer-python": "0.6.5", "flashinfer
 
 
 def ctx(packages: dict[str, str]) -> PlanContext:
-    return PlanContext(host=HOST, stack=SiteStack(), facts=HostFacts(host="gpu1", packages=packages), read=None,
-                       repo=Path("."))
+    return plan_context(host=HOST, stack=SiteStack(), packages=packages)
 
 
 def test_plan_runs_it_before_verify_and_verify_imports_it():

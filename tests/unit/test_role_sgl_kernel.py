@@ -9,10 +9,11 @@ import pytest
 
 pytest.importorskip("gpufleet.plan")
 
+from gpufleet.testing.context import plan_context
 from gpufleet.kernel.buildcache import LocalCache, Record  # noqa: E402
 from gpufleet.facts.model import HostFacts  # noqa: E402
 from gpufleet.config.inventory import GpuExpectation, Host  # noqa: E402
-from gpufleet.plan import PlanContext, PlanError, Step, Unchanged  # noqa: E402
+from gpufleet.plan import PlanError, Step, Unchanged  # noqa: E402
 from gpufleet.config.stack import Stack  # noqa: E402
 from gpufleet.roles import sgl_kernel  # noqa: E402
 
@@ -77,7 +78,7 @@ def _ctx(tmp_path, *, installed=None, on_host=None, packages=None, stack=None, d
     shutil.copytree(Path(__file__).resolve().parents[2] / "patches/sgl-kernel", repo / "patches/sgl-kernel",
                     dirs_exist_ok=True)
     stack = stack or Stack.model_validate({}, context={"base_dir": repo})
-    ctx = PlanContext(host=host, stack=stack, facts=facts, read=probe, repo=repo)
+    ctx = plan_context(host=host, stack=stack, facts=facts, read=probe, repo=repo)
     return ctx, seen
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.testing.context import plan_context
 from gpufleet.engine.command import Cmd
 from gpufleet.facts.checkout import CheckoutFacts
-from gpufleet.facts.model import HostFacts
 from gpufleet.config.inventory import Host
-from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
+from gpufleet.plan import PlanError, Step, Unchanged
 from gpufleet.sim import upstream as up
 from gpufleet.engine.ssh import Result
 from gpufleet.config.stack import Stack
@@ -45,7 +45,7 @@ def result(cmd: Cmd, step: str, code: int, output: str) -> Result:
 
 def context(checkout: CheckoutFacts | None, probe=None, stack: Stack | None = None, path="/root/sglang-main"):
     host = Host(name="gpu1", address="10.0.0.1", sglang_checkout=path)
-    return PlanContext(host, stack or Stack(), HostFacts(host="gpu1", checkout=checkout), probe, REPO)
+    return plan_context(host=host, stack=stack, checkout=checkout, read=probe, repo=REPO)
 
 
 def facts(**kw) -> CheckoutFacts:

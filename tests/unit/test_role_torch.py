@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.testing.context import plan_context
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gpu import Gpu, GpuFacts
 from gpufleet.facts.model import HostFacts
-from gpufleet.config.inventory import Host
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
 from gpufleet.sim import wheels
 from gpufleet.engine.ssh import Result
@@ -33,8 +33,7 @@ def gpus(cap: str = "12.0", count: int = 8) -> GpuFacts:
 
 def ctx(packages=OLD_PACKAGES, *, facts_gpus=None, stack=None, probe=None, resolver=lambda: RESOLVER) -> PlanContext:
     facts = HostFacts(host="gpu1", gpus=facts_gpus if facts_gpus is not None else gpus(), packages=packages)
-    return PlanContext(host=Host(name="gpu1", address="10.0.0.1"), stack=stack or Stack(), facts=facts, read=probe,
-                       repo=Path("."), resolver=resolver)
+    return plan_context(stack=stack, facts=facts, read=probe, resolver=resolver)
 
 
 def overridden(**torch_fields) -> Stack:
