@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import shlex
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from gpufleet import remote
-from gpufleet.engine.command import Cmd, script
+from gpufleet.engine.command import Cmd
 from gpufleet.engine.query import Query, ask
 from gpufleet.errors import GpufleetError, UnreachableError
 from gpufleet.engine.output import HostLines
@@ -48,15 +47,6 @@ class State:
     rc: int | None = None
 
 
-def _state_sh(job: Job) -> str:
-    q = shlex.quote
-    # The exit-code file is written last by the wrapper, so its presence means the log is complete.
-    return (f"if [ -s {q(job.rc_file)} ]; then echo \"finished $(cat {q(job.rc_file)})\"; "
-            f"elif systemctl is-active --quiet {q(job.unit)} 2>/dev/null; then echo running; "
-            f"elif [ -s {q(job.pid_file)} ] && kill -0 \"$(cat {q(job.pid_file)})\" 2>/dev/null; then echo running; "
-            f"else echo absent; fi")
-
-
 def _parse_state(text: str) -> State:
     words = (text.strip().splitlines() or ["absent"])[-1].split()
     if words and words[0] == "finished":
@@ -78,42 +68,19 @@ def state(session, job: Job) -> State:
     return ask(session, state_query(job))
 
 
-def start_script(job: Job, cmd: Cmd, properties: tuple[str, ...] = (), retry_failed: bool = False) -> str:
-    """Shell text that starts cmd detached unless it runs or has finished (failed: only if not retry_failed).
+def start_cmd(job: Job, cmd: Cmd, properties: tuple[str, ...] = (), retry_failed: bool = False) -> Cmd:
+    """Start cmd detached unless it runs or has finished (failed: only if retry_failed); prints what it found."""
+    text = remote.text("job_state.sh") + remote.text("job_start.sh") + 'job_start "$@"\n'
+    return Cmd.of("bash", "-c", text, "job-start", *_start_args(job, cmd, retry_failed), *properties)
 
-    It never exits early, so text appended to it (wait_script) runs either way; $st says what it found."""
-    q = shlex.quote
-    inner = (f"{cmd.render()} >> {q(job.log)} 2>&1; rc=$?; "
-             f"echo $rc > {q(job.rc_file)}.tmp && mv {q(job.rc_file)}.tmp {q(job.rc_file)}")
-    keep_failed = 'echo "$st"; st_keep=1' if not retry_failed else ":"
-    props = " ".join(f"--property={q(p)}" for p in ("TimeoutStopSec=30", *properties))
-    return f"""
-set -e
-mkdir -p {q(job.dir)}
-st=$({_state_sh(job)})
-st_keep=
-case "$st" in running|"finished 0") echo "$st"; st_keep=1;; finished*) {keep_failed};; esac
-if [ -z "$st_keep" ]; then
-rm -f {q(job.log)} {q(job.rc_file)} {q(job.pid_file)}
-: > {q(job.log)}
-if command -v systemd-run >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-  systemctl reset-failed {q(job.unit)} >/dev/null 2>&1 || true
-  systemd-run --quiet --unit={q(job.unit)} --collect {props} \\
-    --setenv=HOME="${{HOME:-/root}}" --setenv=PATH="$PATH" /bin/bash -c {q(inner)}
-else
-  # No systemd (a GPU box in a container): a new session keeps it alive when SSH drops.
-  setsid nohup /bin/bash -c {q(inner)} < /dev/null > /dev/null 2>&1 &
-  echo $! > {q(job.pid_file)}
-fi
-st=started
-echo started
-fi
-"""
+
+def _start_args(job: Job, cmd: Cmd, retry_failed: bool) -> tuple[str, ...]:
+    return (job.dir, job.log, job.rc_file, job.pid_file, job.unit, cmd.render(), "1" if retry_failed else "0")
 
 
 def start(session, job: Job, cmd: Cmd, properties: tuple[str, ...] = (), retry_failed: bool = False) -> str:
     """Start cmd detached; returns 'started', 'running' or 'finished <rc>' (a re-run picks up the existing job)."""
-    out = session.run(script(start_script(job, cmd, properties, retry_failed)), "detached start").output
+    out = session.run(start_cmd(job, cmd, properties, retry_failed), "detached start").output
     return (out.strip().splitlines() or ["started"])[-1]
 
 
@@ -176,27 +143,9 @@ def follow(session, job: Job, *, offset: int = 0, echo: Callable[[str], None] | 
         time.sleep(poll)
 
 
-def wait_script(job: Job, cmd: Cmd, poll: float = 5.0) -> str:
-    """Shell text for one plain command: start (or pick up) the job, stream its log, exit with its exit code.
-
-    A new job's log is streamed from its start; a picked-up one (a re-run after a lost connection) from its last
-    lines."""
-    q = shlex.quote
-    return (start_script(job, cmd, retry_failed=True) + f"""
-set +e
-if [ "$st" = started ]; then from=+1; else from=20; fi
-tail -n "$from" -F {q(job.log)} 2>/dev/null &
-tp=$!
-while [ ! -s {q(job.rc_file)} ]; do
-  st=$({_state_sh(job)})
-  if [ "$st" = absent ]; then kill $tp; echo "gpufleet: {job.unit} died without an exit code"; exit 1; fi
-  sleep {poll}
-done
-sleep 1; kill $tp 2>/dev/null
-exit "$(cat {q(job.rc_file)})"
-""")
-
-
 def wait_cmd(job: Job, cmd: Cmd, poll: float = 5.0) -> Cmd:
-    """wait_script as a Cmd: a dropped connection leaves the job running; running it again re-attaches."""
-    return script(wait_script(job, cmd, poll))
+    """One plain command: start (or pick up) the job, stream its log, exit with its exit code. A dropped connection
+    leaves the job running; running it again re-attaches (a picked-up job's log is streamed from its last lines)."""
+    text = (remote.text("job_state.sh") + remote.text("job_start.sh") + remote.text("job_wait.sh")
+            + 'job_start "${@:1:7}" || exit $?\njob_wait "$2" "$3" "$5" "$4" "$8"\n')
+    return Cmd.of("bash", "-c", text, "job-wait", *_start_args(job, cmd, True), f"{poll:g}")

@@ -1,0 +1,62 @@
+"""The detached job scripts run here with bash (the setsid path: no systemd): start, pick up, wait, vanish."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufleet.engine import detached
+from gpufleet.engine.command import Cmd
+
+pytestmark = pytest.mark.skipif(Path("/run/systemd/system").is_dir(), reason="would start units on this machine")
+
+
+def sh(cmd: Cmd, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", cmd.render()], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> detached.Job:
+    return detached.Job("gpufleet-test-job", str(tmp_path / "job"))
+
+
+def test_wait_starts_streams_and_exits_with_the_jobs_code(job):
+    done = sh(detached.wait_cmd(job, Cmd.of("bash", "-c", "echo hello; echo \"it's $1\"; exit 4", "x", "quoted"),
+                                poll=0.2))
+    assert done.returncode == 4 and done.stdout == "started\nhello\nit's quoted\n"
+    assert Path(job.rc_file).read_text() == "4\n"
+
+
+def test_start_reports_a_running_or_finished_job_instead_of_starting_it_again(job):
+    cmd = Cmd.of("bash", "-c", "sleep 1; exit 3")
+    assert sh(detached.start_cmd(job, cmd)).stdout == "started\n"
+    assert sh(detached.start_cmd(job, cmd)).stdout == "running\n"
+    while not Path(job.rc_file).exists():
+        time.sleep(0.1)
+    assert sh(detached.start_cmd(job, cmd)).stdout == "finished 3\n"
+    assert sh(detached.start_cmd(job, cmd, retry_failed=True)).stdout == "started\n"
+
+
+def test_a_picked_up_job_streams_its_last_lines(job):
+    assert sh(detached.start_cmd(job, Cmd.of("bash", "-c", "for i in $(seq 30); do echo line$i; done; sleep 1"))
+              ).stdout == "started\n"
+    time.sleep(0.3)
+    again = sh(detached.wait_cmd(job, Cmd.of("false"), poll=0.2))
+    lines = again.stdout.splitlines()
+    assert again.returncode == 0 and lines[0] == "running" and lines[1:] == [f"line{i}" for i in range(11, 31)]
+
+
+def test_a_job_that_vanishes_without_an_exit_code_fails_the_wait(job):
+    assert sh(detached.start_cmd(job, Cmd.of("sleep", "30"))).stdout == "started\n"
+    pid = int(Path(job.pid_file).read_text())
+    deadline = time.monotonic() + 5
+    while os.getpgid(pid) != pid and time.monotonic() < deadline:  # setsid may not have run yet
+        time.sleep(0.05)
+    os.killpg(pid, signal.SIGKILL)
+    done = sh(detached.wait_cmd(job, Cmd.of("sleep", "30"), poll=0.2))
+    assert done.returncode == 1 and "died without an exit code" in done.stdout
