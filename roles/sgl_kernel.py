@@ -192,15 +192,9 @@ def remote_source(file: str) -> str:
 
 def _verify(ctx: PlanContext, key: str) -> Cmd:
     """The installed record is this build's, and (with FP4 on) it found the FP4 ops where this commit exports them."""
-    code = ("import json, sys\n"
-            f"rec = json.load(open({buildcache.installed_record(ctx.host.venv)!r}))\n"
-            f"if rec['key'] != {key!r}: sys.exit('installed record is for another build')\n"
-            f"if {ctx.stack.sgl_kernel.enable_fp4!r} and not rec.get('fp4'):\n"
-            "    sys.exit('the installed sgl-kernel has no FP4 ops')\n"
-            "where = sorted(set(rec.get('fp4_ops', {}).values())) or ['-']\n"
-            "print('sgl-kernel build', rec['key'][:12], 'targets', ','.join(rec.get('archs') or ['?']),"
-            " 'fp4 ops in', '+'.join(where))\n")
-    return Cmd.of("python3", "-c", code, cwd="/")
+    return Cmd.of("python3", "-c", remote_source("kernel_installed.py"), "verify",
+                  buildcache.installed_record(ctx.host.venv), key, "1" if ctx.stack.sgl_kernel.enable_fp4 else "0",
+                  cwd="/")
 
 
 def _record_cmd(ctx: PlanContext, key: str, wheel_expr: str, origin: str, inputs_json: str) -> Cmd:
@@ -230,9 +224,8 @@ def _tools_cmd(ctx: PlanContext, tools: list[str]) -> Cmd:
 
 def _needed(ctx: PlanContext, key: str) -> Cmd:
     """Exit 0 while the venv's sgl-kernel is not from this build (a re-run skips a step another run finished)."""
-    code = (f"import json, sys\ntry:\n    done = json.load(open({buildcache.installed_record(ctx.host.venv)!r}))['key'] == {key!r}\n"
-            "except Exception:\n    done = False\nsys.exit(1 if done else 0)\n")
-    return Cmd.of("python3", "-c", code)
+    return Cmd.of("python3", "-c", remote_source("kernel_installed.py"), "needed",
+                  buildcache.installed_record(ctx.host.venv), key)
 
 
 def _install_step(ctx: PlanContext, key: str, wheel: str, origin: str, why: str) -> Step:

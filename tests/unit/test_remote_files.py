@@ -74,3 +74,25 @@ def test_requirements_present(tmp_path):
     ok = subprocess.run([sys.executable, "-c", code, "pytest>=1"], capture_output=True)
     missing = subprocess.run([sys.executable, "-c", code, "pytest>=1", "no-such-dist-gpufleet"], capture_output=True)
     assert (ok.returncode, missing.returncode) == (0, 1)
+
+
+def test_kernel_installed_says_needed_until_the_record_is_this_builds(tmp_path):
+    import json
+    import sys
+
+    record = tmp_path / "sgl-kernel-build.json"
+
+    def kernel_installed(*args):
+        return subprocess.run([sys.executable, "-c", remote.text("kernel_installed.py"), *args],
+                              capture_output=True, text=True, timeout=60)
+
+    assert kernel_installed("needed", str(record), "k1").returncode == 0  # no record yet
+    record.write_text(json.dumps({"key": "k1" * 10, "archs": ["sm_120a"], "fp4": True,
+                                  "fp4_ops": {"scaled_fp4_quant": "torch.ops.sgl_kernel"}}))
+    assert kernel_installed("needed", str(record), "k1" * 10).returncode == 1
+    assert kernel_installed("needed", str(record), "k2").returncode == 0
+    ok = kernel_installed("verify", str(record), "k1" * 10, "1")
+    assert ok.returncode == 0 and ok.stdout == "sgl-kernel build k1k1k1k1k1k1 targets sm_120a fp4 ops in torch.ops.sgl_kernel\n"
+    assert "another build" in kernel_installed("verify", str(record), "k2", "0").stderr
+    record.write_text(json.dumps({"key": "k3", "fp4": False}))
+    assert "no FP4 ops" in kernel_installed("verify", str(record), "k3", "1").stderr
