@@ -111,12 +111,12 @@ def follow(session, job: Job, *, offset: int = 0, echo: Callable[[str], None] | 
     started = time.monotonic()
     lost_since: float | None = None
     while True:
-        poll = poll_query(job, offset)
+        query = poll_query(job, offset)
         try:
-            res = session.run(poll.cmd, poll.step, check=False, timeout=poll.timeout)
+            res = session.run(query.cmd, query.step, check=False, timeout=query.timeout)
         except UnreachableError:
             res = None
-        answer = poll.parse(session.name, res.output) if res is not None and res.exit_code is not None else None
+        answer = query.parse(session.name, res.output) if res is not None and res.exit_code is not None else None
         if answer is None:
             lost_since = lost_since or time.monotonic()
             if time.monotonic() - lost_since > reconnect_for:

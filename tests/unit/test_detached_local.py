@@ -60,3 +60,26 @@ def test_a_job_that_vanishes_without_an_exit_code_fails_the_wait(job):
     os.killpg(pid, signal.SIGKILL)
     done = sh(detached.wait_cmd(job, Cmd.of("sleep", "30"), poll=0.2))
     assert done.returncode == 1 and "died without an exit code" in done.stdout
+
+
+class LocalSession:
+    """Runs each command with sh here: the detached scripts against this machine, as on a host without systemd."""
+
+    name = "local"
+
+    def run(self, cmd, step, check=True, timeout=None):
+        from gpufleet.engine.ssh import Result
+
+        done = subprocess.run(["sh", "-c", cmd.render()], capture_output=True, text=True, timeout=timeout)
+        return Result("local", step, cmd.display(), done.returncode, done.stdout + done.stderr, 0.0)
+
+    def reconnect(self):
+        pass
+
+
+def test_follow_echoes_the_log_while_the_job_runs_and_returns_its_code(job):
+    cmd = Cmd.of("bash", "-c", "for i in 1 2 3; do echo step $i; sleep 0.4; done; exit 5")
+    assert sh(detached.start_cmd(job, cmd)).stdout == "started\n"
+    seen: list[str] = []
+    assert detached.follow(LocalSession(), job, echo=seen.append, poll=0.1, timeout=30) == 5
+    assert [line.split("] ", 1)[-1] for line in seen] == ["step 1", "step 2", "step 3"]
