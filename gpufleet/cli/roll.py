@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 
+from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from gpufleet.wheels.fetch import WheelCache
+from gpufleet.cli import downloads
 from gpufleet.cli import render
 from gpufleet.cli.common import REPO
 from gpufleet.cli.progress import RollProgress
@@ -46,7 +49,8 @@ def roll(target: Target) -> int:
         f"record in {record.dir}")
     steps = RollProcedures(kind, stacks=target.stacks, repo=REPO, run=RunInfo.current(target.command), say=say,
                            summary=summary, record=record, given=target.lock, secrets=target.secrets,
-                           download=target.download, command_timeout=target.inventory.settings.command_timeout)
+                           download=target.download, command_timeout=target.inventory.settings.command_timeout,
+                           wheels=WheelCache(progress=_download_progress(target)))
     roller = Roll(target.inventory, steps.procedure, None if target.roll.no_rollback else steps.recover,
                   max_fail=int(target.roll.max_fail), say=say, secrets=hidden)
     if target.json or not render.console.is_terminal:
@@ -97,3 +101,10 @@ def outcome_table(summary: RollSummary) -> Table:
         table.add_row(name, str(r.batch or "-"), f"[{style}]{r.outcome}[/]" if style else r.outcome,
                       escape(detail) if not r.error else detail, f"{r.seconds:.0f}" if r.seconds else "")
     return table
+
+
+def _download_progress(target: Target):
+    """Lines above the live table on a terminal (rich prints them there); lines on stderr in logs and with --json."""
+    if target.json or not render.console.is_terminal:
+        return downloads.reporter(Console(stderr=True, highlight=False), live_view=True)
+    return downloads.reporter(render.console, live_view=True)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sys
 
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gpufleet.cli import render
+from gpufleet.cli import downloads, render
 from gpufleet.fleet.executor import HostReport, Executor
 from gpufleet.cli.common import REPO
 from gpufleet.cli.target import Target
@@ -30,7 +31,7 @@ def upgrade(target: Target) -> int:
     # With --json, stdout is the JSON document: live lines go to stderr.
     say = (lambda line: emit(line, sys.stderr)) if target.json else emit
     run = Executor(roles=ROLES, run=RunInfo.current(target.command), repo=REPO, dry_run=target.dry_run,
-                   wheels=WheelCache(), say=say, command_timeout=target.inventory.settings.command_timeout,
+                   wheels=WheelCache(progress=downloads.reporter(Console(stderr=True, highlight=False))), say=say, command_timeout=target.inventory.settings.command_timeout,
                    lock=target.lock)
     stacks = target.stacks
     outcomes = for_each_host(list(target.hosts), target.inventory,

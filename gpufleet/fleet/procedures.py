@@ -65,10 +65,10 @@ class RollProcedures:
     def __init__(self, kind: str, *, stacks: dict[str, Stack], repo: Path, run: RunInfo, say: Callable[[str], None],
                  summary: RollSummary, record: RunRecord, given: lock.FleetLock | None = None,
                  secrets: dict[str, str] | None = None, download: bool = False,
-                 command_timeout: float | None = None):
+                 command_timeout: float | None = None, wheels: WheelCache | None = None):
         self.kind, self.stacks, self.repo, self.summary, self.record = kind, stacks, repo, summary, record
         self.command = run.command
-        self.upgrader = Executor(roles=_upgrade_roles(), run=run, repo=repo, say=say, wheels=WheelCache(),
+        self.upgrader = Executor(roles=_upgrade_roles(), run=run, repo=repo, say=say, wheels=wheels or WheelCache(),
                                  command_timeout=command_timeout)
         self.deployer = Executor(roles=[ModelServer(secrets=secrets or {}, download=download)], run=run, repo=repo,
                                  say=say, command_timeout=command_timeout)
