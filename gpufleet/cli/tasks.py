@@ -178,9 +178,22 @@ def sim_status(c, json=False):
     _exit(sim_cli.status(json))
 
 
+@task(help={"directory": "where to write (made if missing; default: the fleet directory: --fleet, $GPUFLEET_DIR, "
+                        "else here); the installed command also takes it bare: `gpufleet init DIR`"})
+@cli.user_errors
+def init(c, directory=None):
+    """Write a commented starting fleet: hosts/example.toml, stack.toml and patches/ (the site's series); an existing
+    file is never overwritten (nothing is written, and the files in the way are named)."""
+    from gpufleet.cli import init as init_cmd
+    from gpufleet.cli.fleetdir import fleet_dir
+
+    init_cmd.init(directory or fleet_dir())
+
+
 ns = Collection(facts, status, upgrade)
 ns.add_task(deploy_model)
 ns.add_task(patches)
 ns.add_task(rollback)
 ns.add_task(probe_backends)
+ns.add_task(init)
 ns.add_collection(Collection("sim", sim_up, sim_down, sim_status))

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from gpufleet.cli import render
 from gpufleet.fleet.executor import HostReport, Executor
-from gpufleet.cli.common import REPO
+from gpufleet.cli.fleetdir import fleet_dir
 from gpufleet.cli.target import Target
 from gpufleet.facts.checkout import redact_url
 from gpufleet.wheels.fetch import WheelCache
@@ -29,7 +29,7 @@ def upgrade(target: Target) -> int:
 
     # With --json, stdout is the JSON document: live lines go to stderr.
     say = (lambda line: emit(line, sys.stderr)) if target.json else emit
-    run = Executor(roles=ROLES, run=RunInfo.current(target.command), repo=REPO, dry_run=target.dry_run,
+    run = Executor(roles=ROLES, run=RunInfo.current(target.command), repo=fleet_dir(), dry_run=target.dry_run,
                    wheels=WheelCache(), say=say, command_timeout=target.inventory.settings.command_timeout,
                    lock=target.lock)
     stacks = target.stacks
