@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from invoke import Exit
 
 from gpufleet.cli import render
+from gpufleet.cli.fleetdir import fleet_dir, prog
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.facts.gather import gather_facts
 from gpufleet.config.inventory import Inventory, load_inventory, select_hosts
@@ -20,7 +21,6 @@ from gpufleet.fleet.status import compare, unreachable
 if TYPE_CHECKING:
     from gpufleet.cli.target import Target
 
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT_INVENTORY = "hosts/sim.toml"
 DEFAULT_STACK = "stack.toml"
 
@@ -30,7 +30,7 @@ def command_line(task: str) -> str:
     import shlex
     import sys
 
-    return shlex.join(["inv", *sys.argv[1:]]) if len(sys.argv) > 1 else f"inv {task}"
+    return shlex.join([prog(), *sys.argv[1:]]) if len(sys.argv) > 1 else f"{prog()} {task}"
 
 
 def user_errors(fn):
@@ -45,10 +45,22 @@ def user_errors(fn):
 
 
 def inventory_path(explicit: str | None) -> Path:
-    path = Path(explicit or os.environ.get("GPUFLEET_INVENTORY") or REPO / DEFAULT_INVENTORY)
+    """--inventory, else $GPUFLEET_INVENTORY, else the fleet directory's hosts/sim.toml."""
+    path = Path(explicit or os.environ.get("GPUFLEET_INVENTORY") or fleet_dir() / DEFAULT_INVENTORY)
     if not path.exists() and not explicit and not os.environ.get("GPUFLEET_INVENTORY"):
-        raise ConfigError(str(path), "no inventory: run `inv sim.up` for the simulated fleet, or pass "
-                                     "--inventory hosts/<fleet>.toml (or set GPUFLEET_INVENTORY)")
+        found = ", ".join(f"hosts/{p.name}" for p in sorted(path.parent.glob("*.toml"))) or "none"
+        raise ConfigError(str(path), f"no inventory: run `{prog()} sim.up` for the simulated fleet, or pass "
+                                     f"--inventory hosts/<fleet>.toml (or set GPUFLEET_INVENTORY); in "
+                                     f"{path.parent}: {found}")
+    return path
+
+
+def stack_path(explicit: str | None) -> Path:
+    """--stack, else $GPUFLEET_STACK, else the fleet directory's stack.toml."""
+    path = Path(explicit or os.environ.get("GPUFLEET_STACK") or fleet_dir() / DEFAULT_STACK)
+    if not path.exists() and not explicit and not os.environ.get("GPUFLEET_STACK"):
+        raise ConfigError(str(path), f"no stack.toml in the fleet directory: run there (or pass --fleet DIR, or set "
+                                     f"GPUFLEET_DIR), or `{prog()} init` to write a starting set")
     return path
 
 
@@ -56,7 +68,7 @@ def load(inventory: str | None, stack: str | None, accept_new_host_keys: bool = 
     inv = load_inventory(inventory_path(inventory))
     if accept_new_host_keys:
         inv.settings = inv.settings.model_copy(update={"accept_new_host_keys": True})
-    st = load_stack(stack or os.environ.get("GPUFLEET_STACK") or REPO / DEFAULT_STACK)
+    st = load_stack(stack_path(stack))
     return inv, st
 
 

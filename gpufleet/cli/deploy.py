@@ -6,7 +6,7 @@ import sys
 
 from gpufleet.cli import render
 from gpufleet.fleet.executor import HostReport, Executor
-from gpufleet.cli.common import REPO
+from gpufleet.cli.fleetdir import fleet_dir
 from gpufleet.cli.target import Target
 from gpufleet.engine.command import mask
 from gpufleet.fleet.hoststate import RunInfo
@@ -27,7 +27,7 @@ def deploy_model(target: Target) -> int:
     say = ((lambda line: emit(mask(line, hidden), sys.stderr)) if target.json
            else (lambda line: emit(mask(line, hidden))))
     run = Executor(roles=[ModelServer(secrets=target.secrets, download=target.download)],
-                   run=RunInfo.current(target.command), repo=REPO, dry_run=target.dry_run, say=say,
+                   run=RunInfo.current(target.command), repo=fleet_dir(), dry_run=target.dry_run, say=say,
                    command_timeout=target.inventory.settings.command_timeout)
 
     def work(session) -> Deployed:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from gpufleet.cli import render
-from gpufleet.cli.common import REPO
+from gpufleet.cli.fleetdir import fleet_dir
 from gpufleet.cli.target import Target
 from gpufleet.engine.query import ask
 from gpufleet.engine.runner import for_each_host
@@ -19,7 +19,7 @@ BAD = (CONFLICTS, NO_EFFECT)
 def gather(session, stack, fetch: bool = True) -> HostPatches:
     """Judge every patch on one host: one remote command (it carries the patches into a temp dir there)."""
     host = session.host
-    series = stack_series(stack, REPO)
+    series = stack_series(stack, fleet_dir())
     return ask(session, status_query(host.sglang_checkout, stack.sglang.branch, series, fetch))
 
 
@@ -27,7 +27,7 @@ def patches(target: Target, *, fetch: bool = True) -> int:
     """Exit 0 when every host answered and no patch conflicts or lost its effect, else 1."""
     stacks = target.stacks  # bad overrides failed in resolve(); bad series files fail here, before any connection
     for h in target.hosts:
-        stack_series(stacks[h.name], REPO)
+        stack_series(stacks[h.name], fleet_dir())
     outcomes = for_each_host(list(target.hosts), target.inventory, lambda s: gather(s, stacks[s.host.name], fetch))
     rows = []
     for out in outcomes:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpufleet.fleet import hoststate
 from gpufleet.cli import render
-from gpufleet.cli.common import REPO
+from gpufleet.cli.fleetdir import fleet_dir
 from gpufleet.cli.target import Target
 from gpufleet.engine.command import mask
 from gpufleet.errors import ConfigError, GpufleetError
@@ -217,7 +217,7 @@ class ProbeRun:
             new_stack = host_stack
             say(f"{session.name} is already configured with the fastest correct set: nothing to write")
         # the probe's host lock stays held through the redeploy: no other run can slip in between
-        deployer = Executor(roles=[ModelServer(secrets=self.secrets)], run=run, repo=REPO, say=self.say,
+        deployer = Executor(roles=[ModelServer(secrets=self.secrets)], run=run, repo=fleet_dir(), say=self.say,
                            command_timeout=self.inv.settings.command_timeout, host_lock_held=True)
         done = deploy_one(deployer, session, new_stack, self.say)
         if not done.report.ok:
@@ -244,7 +244,7 @@ def probe_backends(target: Target, *, apply: bool = False) -> int:
 
     if target.dry_run:
         return _dry_run(chosen, stacks, base, as_json)
-    run = ProbeRun(target.inventory, base, apply, target.secrets, say, target.command, runs_dir(REPO / "runs"))
+    run = ProbeRun(target.inventory, base, apply, target.secrets, say, target.command, runs_dir(fleet_dir() / "runs"))
     reports: list[HostProbe] = []
     try:
         for h in chosen:

@@ -12,7 +12,7 @@ from rich.table import Table
 from gpufleet.wheels.fetch import WheelCache
 from gpufleet.cli import downloads
 from gpufleet.cli import render
-from gpufleet.cli.common import REPO
+from gpufleet.cli.fleetdir import fleet_dir
 from gpufleet.cli.progress import RollProgress
 from gpufleet.cli.target import Target
 from gpufleet.engine.command import mask
@@ -44,10 +44,10 @@ def roll(target: Target) -> int:
                           lock=target.lock.path if target.lock else None)
     summary.results = {h.name: (previous.results[h.name] if previous and h.name in skip else HostResult(h.name))
                        for h in chosen}
-    record = RunRecord(runs_dir(REPO / "runs"), summary)
+    record = RunRecord(runs_dir(fleet_dir() / "runs"), summary)
     say(f"rolling {kind} over {len(chosen)} host(s): {' | '.join(', '.join(b) for b in summary.batches)}; "
         f"record in {record.dir}")
-    steps = RollProcedures(kind, stacks=target.stacks, repo=REPO, run=RunInfo.current(target.command), say=say,
+    steps = RollProcedures(kind, stacks=target.stacks, repo=fleet_dir(), run=RunInfo.current(target.command), say=say,
                            summary=summary, record=record, given=target.lock, secrets=target.secrets,
                            download=target.download, command_timeout=target.inventory.settings.command_timeout,
                            wheels=WheelCache(progress=_download_progress(target)))

@@ -6,7 +6,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.cli.common import REPO, command_line, load, selection
+from gpufleet.cli.common import command_line, load, selection
+from gpufleet.cli.fleetdir import fleet_dir
 from gpufleet.config import lock as lock_file
 from gpufleet.config.inventory import Host, Inventory
 from gpufleet.config.lock import FleetLock
@@ -93,7 +94,7 @@ def resolve(task: str, *, inventory: str | None = None, stack: str | None = None
     given = lock_file.load(lock) if lock else None
     resumed = None
     if roll and roll.resume and not dry_run:
-        previous_dir, previous = last_stopped(runs_dir(REPO / "runs"), task, str(inv.path.resolve()))
+        previous_dir, previous = last_stopped(runs_dir(fleet_dir() / "runs"), task, str(inv.path.resolve()))
         resumed = Resumed(previous_dir, previous)
         chosen = selection(inv, None, ",".join(previous.hosts))
         if given is None and previous.lock:

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from gpufleet.cli import downloads, render
 from gpufleet.fleet.executor import HostReport, Executor
-from gpufleet.cli.common import REPO
+from gpufleet.cli.fleetdir import fleet_dir
 from gpufleet.cli.target import Target
 from gpufleet.facts.checkout import redact_url
 from gpufleet.wheels.fetch import WheelCache
@@ -30,8 +30,9 @@ def upgrade(target: Target) -> int:
 
     # With --json, stdout is the JSON document: live lines go to stderr.
     say = (lambda line: emit(line, sys.stderr)) if target.json else emit
-    run = Executor(roles=ROLES, run=RunInfo.current(target.command), repo=REPO, dry_run=target.dry_run,
-                   wheels=WheelCache(progress=downloads.reporter(Console(stderr=True, highlight=False))), say=say, command_timeout=target.inventory.settings.command_timeout,
+    wheels = WheelCache(progress=downloads.reporter(Console(stderr=True, highlight=False)))
+    run = Executor(roles=ROLES, run=RunInfo.current(target.command), repo=fleet_dir(), dry_run=target.dry_run,
+                   wheels=wheels, say=say, command_timeout=target.inventory.settings.command_timeout,
                    lock=target.lock)
     stacks = target.stacks
     outcomes = for_each_host(list(target.hosts), target.inventory,

@@ -1,9 +1,28 @@
-"""The site's patch series on the control node: the names its series file lists, one digest over all of it."""
+"""The site's patch series on the control node: the names its series file lists, one digest over all of it.
+
+A patch directory stack.toml names must exist and hold a `series` file (`series_file`, checked when stack.toml is
+loaded): a missing directory or series file is a ConfigError naming the path, never silently "no patches"; an empty
+series file (or comments only) is the explicit "no patches"."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+
+from gpufleet.errors import ConfigError
+
+
+def series_file(patch_dir: Path) -> Path:
+    """patch_dir/series; a missing directory or series file is a ConfigError naming it."""
+    directory = Path(patch_dir)
+    if not directory.is_dir():
+        raise ConfigError(str(directory), "patch directory not found (for no patches, make it and put an empty "
+                                          "`series` file in it)")
+    series = directory / "series"
+    if not series.is_file():
+        raise ConfigError(str(series), "series file not found: it lists the directory's patches in order, one a "
+                                       "line (an empty series file means no patches)")
+    return series
 
 
 def patches_digest(patch_dir: Path | None) -> str:

@@ -11,6 +11,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
+from gpufleet.config.series import series_file
 from gpufleet.config.util import LocalPath, RemotePath, deep_merge, read_toml, validation_error
 from gpufleet.errors import ConfigError
 
@@ -395,6 +396,15 @@ def _validate(data: dict[str, Any], path: str | Path, base_dir: Path, host: str 
     return stack
 
 
+def _check_patch_dirs(stack: Stack, path: str | Path, host: str | None) -> None:
+    # stack.toml's patch directories must exist with their series files; an empty series file is "no patches".
+    for fld, directory in (("sglang.patches", stack.sglang.patches), ("sgl_kernel.patches", stack.sgl_kernel.patches)):
+        try:
+            series_file(directory)
+        except ConfigError as exc:
+            raise ConfigError(str(path), f"{exc.path}: {exc.problem}", host=host, field=fld) from None
+
+
 def _check_plain_http(stack: Stack, path: str | Path, host: str | None) -> None:
     for fld, url in stack.index_urls().items():
         parts = urlsplit(url)
@@ -405,9 +415,12 @@ def _check_plain_http(stack: Stack, path: str | Path, host: str | None) -> None:
 
 
 def load_stack(path: str | Path) -> Stack:
-    """Read and validate stack.toml; relative patch paths are resolved against its directory."""
+    """Read and validate stack.toml; relative patch paths are resolved against its directory, and each patch
+    directory must hold a series file (an empty one: no patches)."""
     p = Path(path)
-    return _validate(read_toml(p), p, p.parent.resolve(), None)
+    stack = _validate(read_toml(p), p, p.parent.resolve(), None)
+    _check_patch_dirs(stack, p, None)
+    return stack
 
 
 def stack_for_host(stack: Stack, overrides: dict, *, source: str, host: str) -> Stack:

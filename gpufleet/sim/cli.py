@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpufleet.cli import render
-from gpufleet.cli.common import DEFAULT_INVENTORY, REPO
+from gpufleet.cli.common import DEFAULT_INVENTORY
+from gpufleet.cli.fleetdir import fleet_dir
 from gpufleet.sim.fleet import SimFleet
 
 
 def up(count: int, inventory: str | None) -> None:
     fleet = SimFleet()
-    target = Path(inventory) if inventory else REPO / DEFAULT_INVENTORY
+    target = Path(inventory) if inventory else fleet_dir() / DEFAULT_INVENTORY
     state = fleet.up(count=int(count), inventory=target, on_progress=lambda m: render.console.print(f"[dim]sim:[/] {m}"))
     for h in state.hosts:
         render.console.print(f"[green]up[/] {h.name} {h.address}")

@@ -17,6 +17,9 @@ SHA = "a" * 64
 def write(tmp_path: Path, text: str, name: str = "stack.toml") -> Path:
     path = tmp_path / name
     path.write_text(text)
+    for part in ("patches/sglang", "patches/sgl-kernel", "p/sg"):  # every patch directory these tests name
+        (tmp_path / part).mkdir(parents=True, exist_ok=True)
+        (tmp_path / part / "series").touch()
     return path
 
 
