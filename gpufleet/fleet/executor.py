@@ -197,13 +197,15 @@ class _HostRun:
 
     def refusals(self, behind: dict[str, str]) -> dict[str, str]:
         """Roles that run but need a left-out role that is behind: name -> why refused (none with --force)."""
-        found = {}
-        for role in self.up.roles:
-            missing = [d for d in needs(role, self.up.roles) if d in behind and self.up.selection.runs(role.name)]
+        found, sel = {}, self.up.selection
+        for role in self.up.roles if sel else ():
+            if not sel.runs(role.name):
+                continue
+            missing = [d for d in needs(role, self.up.roles) if d in behind]
             if not missing:
                 continue
             why = "; ".join(f"{d}: {behind[d]}" for d in missing)
-            if self.up.selection.force:
+            if sel.force:
                 self.say(f"{role.name}: runs although {', '.join(missing)} is left out and not on target (--force)")
                 continue
             found[role.name] = (f"{role.name} needs {', '.join(missing)}, which --only/--skip leaves out and which "

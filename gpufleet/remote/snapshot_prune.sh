@@ -4,9 +4,9 @@
 set -u
 base=$1 keep=$2 protect=${3%/}
 [ -d "$base" ] || exit 0
-ls -1d "$base"/*/ 2>/dev/null | sed 's:/$::' | sort | head -n "-$keep" | while IFS= read -r d; do
+# only what snapshot.sh made (it writes manifest.json first) counts and is removed
+ls -1d "$base"/*/manifest.json 2>/dev/null | sed 's:/manifest.json$::' | sort | head -n "-$keep" | while IFS= read -r d; do
     [ "$d" = "$protect" ] && continue
-    [ -f "$d/manifest.json" ] || continue  # only what snapshot.sh made
     rm -rf -- "$d" && echo "$d"
 done
 exit 0
