@@ -148,7 +148,8 @@ def rollback(c, host=None, hosts=None, inventory=None, stack=None, snapshot=None
 
 
 @fleet_task(name="probe-backends", help={
-    **{k: v for k, v in _COMMON.items() if k != "parallel"},  # probes run one host at a time "apply": "write the fastest correct set into the host's inventory entry and redeploy it",
+    **{k: v for k, v in _COMMON.items() if k != "parallel"},  # probes run one host at a time
+    "apply": "write the fastest correct set into the host's inventory entry and redeploy it",
     "dry-run": "list the candidate backend sets (and with --json each one's argv) and change nothing",
     "hf-token-file": _ROLL["hf-token-file"] + " (used by --apply's redeploy)"})
 @cli.user_errors
