@@ -72,7 +72,8 @@ def test_only_one_role_on_one_host_then_retention_and_the_snapshot_list(fleet, t
     # sgl-kernel alone is refused while torch and the checkout are behind; the dry run names them
     proc, [plan] = inv_json("upgrade", "--host", HOST, "--inventory", path, "--only", "sgl-kernel", "--dry-run")
     assert proc.returncode == 1 and plan["outcome"] == "failed", plan
-    assert "sgl-kernel needs torch, sglang-checkout, which --only/--skip leaves out" in plan["error"]
+    assert plan["error"].startswith(f"sgl-kernel needs torch, which --only/--skip leaves out and which is not on "
+                                    f"target on {HOST} (torch: venv has torch 2.9.1+cu130"), plan["error"]
     assert {e["role"]: e["status"] for e in plan["entries"]}["torch"] == "skipped"
 
     old = ["20200101T000000Z", "20200102T000000Z", "20200103T000000Z"]
