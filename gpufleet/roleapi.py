@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 from packaging.version import InvalidVersion, Version
 
+from gpufleet.errors import ConfigError
 from gpufleet.remote.versions import versions_match
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ class Declares:
     packages: tuple[Package, ...] = ()  # pinned ones get a status column each, in this order
     columns: tuple[Column, ...] = ()  # further status columns, after its packages'
     imports: tuple[Import, ...] = ()  # in the order sglang imports them
+    needs: tuple[str, ...] = ()  # roles (by name) it builds on; "*": every role before it in the registry
 
 
 def packages(roles: Iterable) -> list[Package]:
@@ -124,3 +126,68 @@ def columns(roles: Iterable) -> list[Column]:
                                     p.heading))
         found += role.declares.columns
     return found
+
+
+def needs(role, roles) -> tuple[str, ...]:
+    """The names of the roles `role` builds on (its declared `needs`, "*" as every role before it)."""
+    declared = role.declares.needs
+    if "*" not in declared:
+        return tuple(declared)
+    names = [r.name for r in roles]
+    before = names[:names.index(role.name)] if role.name in names else names
+    return tuple(dict.fromkeys([*before, *(d for d in declared if d != "*")]))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """`--only` / `--skip`: the roles left out (name -> why) and whether `--force` lets a role run although a role
+    it needs is left out and not on target (without it that role is refused on that host, naming the dependency)."""
+
+    left_out: dict[str, str]
+    force: bool = False
+
+    def runs(self, name: str) -> bool:
+        return name not in self.left_out
+
+    def broken(self, roles) -> dict[str, tuple[str, ...]]:
+        """Each role that runs -> the roles it needs that are left out (refused where those are not on target)."""
+        found = {}
+        for role in roles:
+            if self.runs(role.name):
+                missing = tuple(d for d in needs(role, roles) if not self.runs(d))
+                if missing:
+                    found[role.name] = missing
+        return found
+
+
+def _names(flag: str, spec: str | None, known: list[str]) -> list[str]:
+    if spec is None:
+        return []
+    names = [n.strip() for n in str(spec).split(",") if n.strip()]
+    if not names:
+        raise ConfigError(flag, f"name at least one role; known roles: {', '.join(known)}", value=spec,
+                          has_value=True)
+    for name in names:
+        if name not in known:
+            raise ConfigError(flag, f"unknown role {name!r}; known roles: {', '.join(known)}", value=spec,
+                              has_value=True)
+    return names
+
+
+def select(roles, only: str | None = None, skip: str | None = None, force: bool = False) -> Selection | None:
+    """The roles to run from `--only a,b` and `--skip c` (names as the registry spells them); None when neither
+    is given. Unknown names and a selection that leaves nothing are ConfigErrors listing the known roles."""
+    known = [r.name for r in roles]
+    chosen, dropped = _names("--only", only, known), _names("--skip", skip, known)
+    if not chosen and not dropped:
+        return None
+    left_out = {}
+    for name in known:
+        if chosen and name not in chosen:
+            left_out[name] = "not in --only"
+        elif name in dropped:
+            left_out[name] = "--skip"
+    if len(left_out) == len(known):
+        raise ConfigError("--only/--skip", f"leave no role to run; known roles: {', '.join(known)}",
+                          value=",".join(filter(None, [only, skip])), has_value=True)
+    return Selection(left_out, force)

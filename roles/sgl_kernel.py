@@ -392,6 +392,7 @@ def status_cell(facts, stack) -> Cell:
 
 declares = Declares(
     section="sgl_kernel",
+    needs=("torch", "sglang-checkout"),  # built against the venv's torch from the checkout: its build key is both
     packages=(Package(KERNEL_NAMES[0], aliases=KERNEL_NAMES[1:]),),  # built from the checkout: no pin, own column
     columns=(Column("sgl-kernel", status_cell),),
     imports=(Import("sgl_kernel", (KERNEL_NAMES[0],), ops=FP4_OPS, ops_label="FP4",

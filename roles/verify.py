@@ -13,7 +13,7 @@ from gpufleet.roles import torch
 from gpufleet.roles.pip import remote_python, venv_python
 
 name = "verify"
-declares = Declares()  # it checks what the others declare
+declares = Declares(needs=("*",))  # it checks what the others declare: all of them
 PROBLEM = "stack problem: "
 
 

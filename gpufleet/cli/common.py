@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from invoke import Exit
+from rich.markup import escape
 
 from gpufleet.cli import render
 from gpufleet.cli.fleetdir import fleet_dir, prog
-from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.errors import ConfigError, GpufleetError, UnreachableError
 from gpufleet.facts.gather import gather_facts
 from gpufleet.config.inventory import Inventory, load_inventory, select_hosts
 from gpufleet.engine.runner import for_each_host
@@ -33,14 +34,35 @@ def command_line(task: str) -> str:
     return shlex.join([prog(), *sys.argv[1:]]) if len(sys.argv) > 1 else f"{prog()} {task}"
 
 
+# Exit codes, the same in every task (README: "Exit codes").
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+UNREACHABLE_KINDS = ("unreachable",)  # a refused host key is a failure (1): someone must look at it
+
+
+def exit_code(kinds) -> int:
+    """One exit code from each host's outcome kind ("ok", "unreachable", anything else a failure or drift): 0 when
+    all are ok, 3 when the only problem is hosts that could not be reached, else 1."""
+    bad = [k for k in kinds if k != "ok"]
+    if not bad:
+        return EXIT_OK
+    return EXIT_UNREACHABLE if all(k in UNREACHABLE_KINDS for k in bad) else EXIT_FAILED
+
+
 def user_errors(fn):
-    """Print a GpufleetError as one clear message and exit 2, without a stack trace."""
+    """Print a GpufleetError as one clear message without a stack trace: exit 2 for bad input, 3 when a host could
+    not be reached, 1 for any other failure; Ctrl-C exits 130 with one line."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise Exit("interrupted", code=EXIT_INTERRUPTED) from None
+        except UnreachableError as exc:
+            raise Exit(f"error: {exc}", code=EXIT_UNREACHABLE) from None
+        except ConfigError as exc:
+            raise Exit(f"error: {exc}", code=EXIT_BAD_INPUT) from None
         except GpufleetError as exc:
-            raise Exit(f"error: {exc}", code=2) from None
+            raise Exit(f"error: {exc}", code=EXIT_FAILED) from None
     return wrapper
 
 
@@ -83,20 +105,19 @@ def facts(target: Target) -> int:
     """`inv facts`: each selected host's facts, as tables or JSON; 1 when any host could not be read."""
     as_json = target.json
     outcomes = for_each_host(list(target.hosts), target.inventory, gather_facts)
-    data, failed = [], 0
+    data = []
     for out in outcomes:
         if out.ok:
             data.append(out.value.model_dump(mode="json"))
             if not as_json:
                 render.print_facts(out.value)
         else:
-            failed += 1
             data.append({"host": out.host, "error": out.error, "kind": out.kind})
             if not as_json:
-                render.console.print(f"[red]{out.host}[/]: {out.error}")
+                render.console.print(f"[red]{escape(out.host)}[/]: {escape(out.error or '')}")
     if as_json:
         render.print_json(data if len(data) != 1 else data[0])
-    return 1 if failed else 0
+    return exit_code(out.kind for out in outcomes)
 
 
 def status(target: Target) -> int:
@@ -110,4 +131,4 @@ def status(target: Target) -> int:
         render.print_json([r.to_json() for r in rows])
     else:
         render.print_status(rows)
-    return 0 if all(r.ok for r in rows) else 1
+    return exit_code(out.kind if not out.ok else ("ok" if row.ok else "drift") for row, out in zip(rows, outcomes))

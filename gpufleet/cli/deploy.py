@@ -6,6 +6,7 @@ import sys
 
 from gpufleet.cli import render
 from gpufleet.fleet.executor import HostReport, Executor
+from gpufleet.cli.common import exit_code
 from gpufleet.cli.fleetdir import fleet_dir
 from gpufleet.cli.target import Target
 from gpufleet.engine.command import mask
@@ -17,7 +18,8 @@ from gpufleet.engine.runner import for_each_host
 from gpufleet.roles.model_server import ModelServer
 
 WORDS = {"planned": "will change", "unchanged": "unchanged", "done-already": "already done", "changed": "changed",
-         "verified": "verified", "failed": "FAILED", "running": "interrupted"}
+         "verified": "verified", "failed": "FAILED", "running": "interrupted", "skipped": "skipped",
+         "refused": "refused"}
 
 
 def deploy_model(target: Target) -> int:
@@ -28,7 +30,8 @@ def deploy_model(target: Target) -> int:
            else (lambda line: emit(mask(line, hidden))))
     run = Executor(roles=[ModelServer(secrets=target.secrets, download=target.download)],
                    run=RunInfo.current(target.command), repo=fleet_dir(), dry_run=target.dry_run, say=say,
-                   command_timeout=target.inventory.settings.command_timeout)
+                   command_timeout=target.inventory.settings.command_timeout,
+                   snapshots_keep=target.inventory.settings.snapshots_keep)
 
     def work(session) -> Deployed:
         return deploy_one(run, session, target.stacks[session.name], say)
@@ -41,7 +44,7 @@ def deploy_model(target: Target) -> int:
     else:
         for line in report_lines(results):
             emit(mask(line, hidden))
-    return 0 if all(r.report.ok for r in results) else 1
+    return exit_code(r.report.outcome for r in results)
 
 
 def report_lines(results: list[Deployed]) -> list[str]:

@@ -8,6 +8,7 @@ from rich.table import Table
 from gpufleet.config import lock
 from gpufleet.fleet import lockstate
 from gpufleet.cli import render
+from gpufleet.cli.common import exit_code
 from gpufleet.cli.target import Target
 from gpufleet.engine.runner import for_each_host
 
@@ -25,7 +26,7 @@ def lock_status(target: Target) -> int:
         render.console.print(f"hosts against {found.path} (recorded from {found.lock.canary} at {found.lock.created}; "
                              f"{len(found.packages)} distributions)", highlight=False)
         render.console.print(table(found, rows))
-    return 0 if all(d is not None and d.matches for _, d, _ in rows) else 1
+    return exit_code(o.kind if not o.ok else ("ok" if o.value.matches else "drift") for o in outcomes)
 
 
 def table(found: lock.FleetLock, rows) -> Table:
@@ -34,8 +35,8 @@ def table(found: lock.FleetLock, rows) -> Table:
         out.add_column(column)
     for name, d, err in rows:
         if d is None:
-            out.add_row(name, "[red]unreachable[/]", escape(err or ""))
+            out.add_row(escape(name), "[red]unreachable[/]", escape(err or ""))
             continue
         lines = [escape(x) for x in d.packages + d.other] + [f"[dim]{escape(x)}[/]" for x in d.extra]
-        out.add_row(name, "[green]yes[/]" if d.matches else "[bold red]no[/]", "\n".join(lines) or "none")
+        out.add_row(escape(name), "[green]yes[/]" if d.matches else "[bold red]no[/]", "\n".join(lines) or "none")
     return out

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from gpufleet.cli import render
+from gpufleet.cli.common import exit_code
 from gpufleet.cli.fleetdir import fleet_dir
 from gpufleet.cli.target import Target
 from gpufleet.engine.query import ask
@@ -39,14 +41,15 @@ def patches(target: Target, *, fetch: bool = True) -> int:
         render.print_json(rows)
     else:
         print_patches(rows)
-    bad = any(not r["reachable"] or r.get("error") or any(p["status"] in BAD for p in r["patches"]) for r in rows)
-    return 1 if bad else 0
+    return exit_code(r.get("kind", "unreachable") if not r["reachable"] else
+                     "failed" if r.get("error") or any(p["status"] in BAD for p in r["patches"]) else "ok"
+                     for r in rows)
 
 
 def _cell(p: dict) -> str:
     text = f"[{STYLE.get(p['status'], 'white')}]{p['status']}[/]"
     if p["status"] in BAD and p["detail"]:
-        text += f" [dim]{p['detail'].split(' (hunk')[0].rsplit('/', 1)[-1]}[/]"
+        text += f" [dim]{escape(p['detail'].split(' (hunk')[0].rsplit('/', 1)[-1])}[/]"
     return text
 
 
@@ -55,7 +58,7 @@ def patch_table(rows: list[dict]) -> Table:
     table = Table(title="gpufleet patches")
     table.add_column("patch", style="bold")
     for r in rows:
-        table.add_column(r["host"])
+        table.add_column(escape(r["host"]))
     names = list(dict.fromkeys(f"{p['series']}/{p['patch']}" for r in rows for p in r["patches"]))
     for name in names:
         cells = []
@@ -65,7 +68,7 @@ def patch_table(rows: list[dict]) -> Table:
                 continue
             found = next((p for p in r["patches"] if f"{p['series']}/{p['patch']}" == name), None)
             cells.append(_cell(found) if found else "-")
-        table.add_row(name, *cells)
+        table.add_row(escape(name), *cells)
     return table
 
 
@@ -74,15 +77,19 @@ def print_patches(rows: list[dict]) -> None:
     retire = {}
     for r in rows:
         if not r["reachable"] or r.get("error"):
-            render.console.print(f"[red]{r['host']}[/]: {(r['error'] or '').splitlines()[0] if r['error'] else ''}")
+            render.console.print(f"[red]{escape(r['host'])}[/]: "
+                                 f"{escape(r['error'].splitlines()[0]) if r['error'] else ''}")
             continue
         if r.get("fetch_error"):
-            render.console.print(f"[yellow]{r['host']}[/]: could not fetch upstream ({r['fetch_error']}); "
+            render.console.print(f"[yellow]{escape(r['host'])}[/]: could not fetch upstream "
+                                 f"({escape(r['fetch_error'])}); "
                                  "judged against origin as last fetched")
         for p in r["patches"]:
             if p["status"] == UPSTREAMED:
                 retire.setdefault(f"{p['series']}/{p['patch']}", []).append(r["host"])
             elif p["detail"]:
-                render.console.print(f"[yellow]{r['host']}[/] {p['series']}/{p['patch']}: {p['status']}: {p['detail']}")
+                render.console.print(f"[yellow]{escape(r['host'])}[/] "
+                                     + escape(f"{p['series']}/{p['patch']}: {p['status']}: {p['detail']}"))
     for name, hosts_ in retire.items():
-        render.console.print(f"[cyan]ready to retire[/]: {name} (upstream has it; seen on {', '.join(hosts_)})")
+        render.console.print("[cyan]ready to retire[/]: " + escape(f"{name} (upstream has it; seen on "
+                                                                   f"{', '.join(hosts_)})"))

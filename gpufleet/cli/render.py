@@ -6,6 +6,7 @@ import json
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gpufleet.fleet.status import HostStatus, headings, stack_versions
@@ -23,7 +24,7 @@ def status_table(rows: list[HostStatus]) -> Table:
         table.add_column(heading)
     for row in rows:
         if not row.reachable:
-            table.add_row(row.host, f"[red]UNREACHABLE[/] {row.error.splitlines()[0] if row.error else ''}",
+            table.add_row(escape(row.host), f"[red]UNREACHABLE[/] {escape(row.error.splitlines()[0]) if row.error else ''}",
                           *[""] * (len(columns) - 1))
             continue
         cells = []
@@ -32,11 +33,11 @@ def status_table(rows: list[HostStatus]) -> Table:
             if cell is None:
                 cells.append("")
             elif cell.drift:
-                text = f"[red]{cell.current}[/] -> {cell.expected}"
-                cells.append(text + (f" [dim]({cell.note})[/]" if cell.note else ""))
+                text = f"[red]{escape(cell.current)}[/] -> {escape(cell.expected)}"
+                cells.append(text + (f" [dim]({escape(cell.note)})[/]" if cell.note else ""))
             else:
-                cells.append(f"[green]{cell.current}[/]" + (f" [dim]({cell.note})[/]" if cell.note else ""))
-        table.add_row(row.host, *cells)
+                cells.append(f"[green]{escape(cell.current)}[/]" + (f" [dim]({escape(cell.note)})[/]" if cell.note else ""))
+        table.add_row(escape(row.host), *cells)
     return table
 
 
@@ -44,7 +45,7 @@ def print_status(rows: list[HostStatus]) -> None:
     console.print(status_table(rows))
     for row in rows:
         for problem in row.problems:
-            console.print(f"[yellow]{row.host}[/]: {problem}")
+            console.print(f"[yellow]{escape(row.host)}[/]: {escape(problem)}")
     drifting = [r.host for r in rows if r.reachable and r.drift]
     down = [r.host for r in rows if not r.reachable]
     summary = f"{len(rows)} host(s): {len(rows) - len(drifting) - len(down)} on target"
@@ -52,12 +53,12 @@ def print_status(rows: list[HostStatus]) -> None:
         summary += f", drift on {', '.join(drifting)}"
     if down:
         summary += f", unreachable: {', '.join(down)}"
-    console.print(summary)
+    console.print(escape(summary))
 
 
 def print_facts(facts) -> None:
     """A readable dump of one host's facts."""
-    table = Table(title=f"facts of {facts.host}", show_header=False)
+    table = Table(title=f"facts of {escape(facts.host)}", show_header=False)
     table.add_column("fact", style="bold")
     table.add_column("value")
     g = facts.gpus
@@ -92,7 +93,7 @@ def print_facts(facts) -> None:
                       (f"{u.path} {u.active}/{u.enabled} sha256:{(u.sha256 or '')[:12]}" if u.present else "absent"))
     console.print(table)
     for problem in facts.problems:
-        console.print(f"[yellow]{facts.host}[/]: {problem}")
+        console.print(f"[yellow]{escape(facts.host)}[/]: {escape(problem)}")
 
 
 def _gib(n: int | None) -> str:

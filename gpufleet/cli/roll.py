@@ -12,6 +12,7 @@ from rich.table import Table
 from gpufleet.wheels.fetch import WheelCache
 from gpufleet.cli import downloads
 from gpufleet.cli import render
+from gpufleet.cli.common import exit_code
 from gpufleet.cli.fleetdir import fleet_dir
 from gpufleet.cli.progress import RollProgress
 from gpufleet.cli.target import Target
@@ -50,6 +51,7 @@ def roll(target: Target) -> int:
     steps = RollProcedures(kind, stacks=target.stacks, repo=fleet_dir(), run=RunInfo.current(target.command), say=say,
                            summary=summary, record=record, given=target.lock, secrets=target.secrets,
                            download=target.download, command_timeout=target.inventory.settings.command_timeout,
+                           selection=target.chosen_roles, snapshots_keep=target.inventory.settings.snapshots_keep,
                            wheels=WheelCache(progress=_download_progress(target)))
     roller = Roll(target.inventory, steps.procedure, None if target.roll.no_rollback else steps.recover,
                   max_fail=int(target.roll.max_fail), say=say, secrets=hidden)
@@ -61,9 +63,18 @@ def roll(target: Target) -> int:
         render.print_json(summary.to_json())
     else:
         render.console.print(outcome_table(summary))
-        render.console.print(f"roll {summary.status}; record: {record.dir}")
-    return 0 if summary.status == "completed" and all(r.outcome in ("ok", "unchanged")
-                                                      for r in summary.results.values()) else 1
+        render.console.print(escape(f"roll {summary.status}; record: {record.dir}"))
+    return roll_exit_code(summary)
+
+
+def roll_exit_code(summary: RollSummary) -> int:
+    """0 when the roll completed with every host ok or unchanged; 3 when the only problem was hosts that could not
+    be reached (hosts left untouched because the roll stopped there do not count); else 1."""
+    kinds = ["ok" if r.outcome in ("ok", "unchanged") else r.outcome
+             for r in summary.results.values() if r.outcome != "not-reached"]
+    if summary.status != "completed" and all(k == "ok" for k in kinds):
+        kinds.append("failed")  # stopped (or killed) without a host to blame
+    return exit_code(kinds)
 
 
 class _Sink:
@@ -97,9 +108,9 @@ def outcome_table(summary: RollSummary) -> Table:
     for name in summary.hosts:
         r = summary.results[name]
         style = STYLE.get(r.outcome, "")
-        detail = "; ".join(r.steps) + (f"\n[red]{escape(r.error.splitlines()[0])}[/]" if r.error else "")
-        table.add_row(name, str(r.batch or "-"), f"[{style}]{r.outcome}[/]" if style else r.outcome,
-                      escape(detail) if not r.error else detail, f"{r.seconds:.0f}" if r.seconds else "")
+        detail = escape("; ".join(r.steps)) + (f"\n[red]{escape(r.error.splitlines()[0])}[/]" if r.error else "")
+        table.add_row(escape(name), str(r.batch or "-"), f"[{style}]{r.outcome}[/]" if style else escape(r.outcome),
+                      detail, f"{r.seconds:.0f}" if r.seconds else "")
     return table
 
 

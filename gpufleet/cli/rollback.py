@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.markup import escape
 
 from gpufleet.cli import render
+from gpufleet.cli.common import exit_code
 from gpufleet.fleet import rollback
 from gpufleet.cli.target import Target
 from gpufleet.engine.runner import for_each_host
@@ -29,15 +30,16 @@ def rollback_hosts(target: Target, *, snapshot: str | None = None, after=None) -
         return result
 
     outcomes = for_each_host(list(target.hosts), target.inventory, one)
-    rows = [o.value if o.ok else {"host": o.host, "restored": False, "error": o.error} for o in outcomes]
+    rows = [o.value if o.ok else {"host": o.host, "restored": False, "error": o.error, "kind": o.kind}
+            for o in outcomes]
     if as_json:
         render.print_json(rows)
     else:
         for row in rows:
             if row.get("error"):
-                render.console.print(f"[red]{row['host']}: rollback failed[/]: {row['error']}")
+                render.console.print(f"[red]{escape(row['host'])}: rollback failed[/]: {escape(row['error'])}")
             elif row["restored"]:
-                render.console.print(f"[green]{row['host']}: rolled back[/] to {row['snapshot']}")
+                render.console.print(f"[green]{escape(row['host'])}: rolled back[/] to {escape(row['snapshot'])}")
             else:
-                render.console.print(f"{row['host']}: dry run, would roll back to {row['snapshot']}")
-    return 0 if all(not r.get("error") for r in rows) else 1
+                render.console.print(escape(f"{row['host']}: dry run, would roll back to {row['snapshot']}"))
+    return exit_code(o.kind for o in outcomes)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpufleet.cli.common import command_line, load, selection
@@ -13,7 +13,8 @@ from gpufleet.config.inventory import Host, Inventory
 from gpufleet.config.lock import FleetLock
 from gpufleet.config.stack import Stack, host_stacks
 from gpufleet.errors import ConfigError
-from gpufleet.fleet.roll import RollSummary, last_stopped, plan_batches, runs_dir
+from gpufleet.fleet.roll import RollSummary, last_stopped, max_failures, plan_batches, runs_dir
+from gpufleet.roleapi import Selection
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class RollOptions:
 
     canary: str | None = None
     batch: str = "1"
-    max_fail: int = 0
+    max_fail: int | str = 0  # as given ("2", "10%"); resolve() makes it the count of hosts
     resume: bool = False
     no_rollback: bool = False
 
@@ -55,6 +56,8 @@ class Target:
     rolls: bool = False  # several hosts (or --canary / --resume), not a dry run: one host at a time
     batches: tuple[tuple[str, ...], ...] = ()  # when rolling: the canary alone, then the rest
     resumed: Resumed | None = None
+    parallel: int | None = None  # --parallel, already applied to inventory.settings.parallelism
+    chosen_roles: Selection | None = None  # --only / --skip / --force over the role registry
 
     @property
     def hidden(self) -> tuple[str, ...]:
@@ -80,17 +83,48 @@ def read_hf_token(path: str | None) -> str | None:
     return token or None
 
 
+def parse_parallel(value) -> int | None:
+    """`--parallel N`: how many hosts at once (a whole number, 1 or more); None when not given."""
+    if value is None or value == "":
+        return None
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ConfigError("--parallel", "must be a whole number of hosts, 1 or more", value=value, has_value=True)
+    return number
+
+
+def role_selection(only: str | None, skip: str | None, force: bool) -> Selection | None:
+    """--only / --skip over the upgrade roles (names as the registry gives them); --force without either is an
+    error, since it has nothing to force."""
+    from gpufleet.roleapi import select
+    from gpufleet.roles import ROLES
+
+    found = select(ROLES, only, skip, force)
+    if found is None and force:
+        raise ConfigError("--force", "only means something with --only or --skip (run a role although a role it "
+                          "needs is left out and not on target)")
+    return found
+
+
 def resolve(task: str, *, inventory: str | None = None, stack: str | None = None, host: str | None = None,
             hosts: str | None = None, all_by_default: bool = False, json: bool = False,
             accept_new_host_keys: bool = False, dry_run: bool = False, lock: str | None = None,
             per_host_stacks: bool = True, token: bool = False, hf_token_file: str | None = None,
-            download: bool = False, roll: RollOptions | None = None) -> Target:
+            download: bool = False, roll: RollOptions | None = None, parallel=None,
+            chosen_roles: Selection | None = None) -> Target:
     """Load, select and validate once for `inv <task>`; every bad input fails here with a ConfigError.
 
     all_by_default: no --host/--hosts means every host (read-only tasks); else hosts must be named.
     token: the task needs the Hugging Face token (a roll always does: it deploys).
-    roll: the task may roll; it does with several hosts, --canary or --resume, unless a dry run."""
+    roll: the task may roll; it does with several hosts, --canary or --resume, unless a dry run.
+    parallel: --parallel as given (validated, then the inventory's settings.parallelism for this run)."""
+    limit = parse_parallel(parallel)
     inv, base = load(inventory, stack, accept_new_host_keys)
+    if limit is not None:
+        inv.settings = inv.settings.model_copy(update={"parallelism": limit})
     given = lock_file.load(lock) if lock else None
     resumed = None
     if roll and roll.resume and not dry_run:
@@ -101,6 +135,8 @@ def resolve(task: str, *, inventory: str | None = None, stack: str | None = None
             given = lock_file.load(previous.lock)  # the resumed roll's hosts converge to the same lock
     else:
         chosen = selection(inv, host, hosts, default="all" if all_by_default else None)
+    if roll is not None:
+        roll = replace(roll, max_fail=max_failures(roll.max_fail, len(chosen)))
     rolls = bool(roll) and not dry_run and (roll.resume or bool(roll.canary) or len(chosen) > 1)
     if resumed:
         batches = resumed.summary.batches
@@ -113,4 +149,4 @@ def resolve(task: str, *, inventory: str | None = None, stack: str | None = None
     return Target(task=task, command=command_line(task), inventory=inv, stack=base, hosts=tuple(chosen),
                   stacks=stacks, json=json, accept_new_host_keys=accept_new_host_keys, dry_run=dry_run, lock=given,
                   secrets={"HF_TOKEN": secret} if secret else {}, download=download, roll=roll, rolls=rolls,
-                  batches=tuple(tuple(b) for b in batches), resumed=resumed)
+                  batches=tuple(tuple(b) for b in batches), resumed=resumed, parallel=limit, chosen_roles=chosen_roles)

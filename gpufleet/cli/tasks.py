@@ -3,12 +3,13 @@
 from invoke import Collection, Exit, task
 
 from gpufleet.cli import common as cli
-from gpufleet.cli.target import RollOptions, resolve
+from gpufleet.cli.target import RollOptions, resolve, role_selection
 
 _ROLL = {
     "canary": "with several hosts: the host to upgrade first, alone (default: the first selected)",
     "batch": "with several hosts: hosts per batch after the canary, a number or a percentage like 25% (default 1)",
-    "max-fail": "with several hosts: stop the roll once more hosts than this have failed (default 0)",
+    "max-fail": "with several hosts: stop the roll once more hosts than this have failed: a number, or a percentage "
+                "of the roll's hosts like 10% (default 0)",
     "resume": "continue the last stopped roll after its last completed host",
     "no-rollback": "leave a host that fails its health gate as it is instead of restoring its snapshot",
     "hf-token-file": "file holding the Hugging Face token (default: $HF_TOKEN); kept in a 0600 env file, never shown",
@@ -21,6 +22,15 @@ _COMMON = {
     "hosts": "hosts by name, group or `all`, comma-separated",
     "json": "print machine-readable JSON instead of tables",
     "accept-new-host-keys": "trust and record keys of hosts never seen before (never a changed key)",
+    "parallel": "how many hosts at once (default: the inventory's settings.parallelism)",
+}
+
+_ROLES = {
+    "only": "run only these roles, comma-separated (torch, flashinfer, locked-packages, sglang-checkout, "
+            "sgl-kernel, verify); the others are shown as skipped",
+    "skip": "leave these roles out, comma-separated; a role that needs a left-out role not on target on a host is "
+            "refused there, naming it",
+    "force": "with --only/--skip: run a role although a role it needs is left out and not on target",
 }
 
 
@@ -30,7 +40,7 @@ def fleet_task(**kwargs):
 
 
 def _roll(canary, batch, max_fail, resume, no_rollback) -> RollOptions:
-    return RollOptions(canary=canary, batch=batch, max_fail=int(max_fail), resume=resume, no_rollback=no_rollback)
+    return RollOptions(canary=canary, batch=batch, max_fail=max_fail, resume=resume, no_rollback=no_rollback)
 
 
 def _exit(code: int) -> None:
@@ -40,20 +50,23 @@ def _exit(code: int) -> None:
 
 @fleet_task(help=_COMMON)
 @cli.user_errors
-def facts(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False):
+def facts(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False,
+          parallel=None):
     """Show what a host is: GPUs, OS, CPU/RAM/disk, stack versions in its venv, sglang checkout, service."""
     _exit(cli.facts(resolve("facts", inventory=inventory, stack=stack, host=host, hosts=hosts, json=json,
-                            accept_new_host_keys=accept_new_host_keys, per_host_stacks=False)))
+                            accept_new_host_keys=accept_new_host_keys, per_host_stacks=False, parallel=parallel)))
 
 
 @fleet_task(help={**_COMMON, "lock": "compare hosts with this fleet lock instead: every distribution that differs, "
                                      "is absent or is extra, the sglang commit, the sgl-kernel build"})
 @cli.user_errors
-def status(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False, lock=None):
+def status(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False, lock=None,
+           parallel=None):
     """Compare each host with stack.toml (or a fleet lock): one row per host, drift highlighted; exit 1 on drift or
     unreachable."""
     target = resolve("status", inventory=inventory, stack=stack, host=host, hosts=hosts, all_by_default=True,
-                     json=json, accept_new_host_keys=accept_new_host_keys, lock=lock, per_host_stacks=not lock)
+                     json=json, accept_new_host_keys=accept_new_host_keys, lock=lock, per_host_stacks=not lock,
+                     parallel=parallel)
     if lock:
         from gpufleet.cli import lock_status as lock_cmd
 
@@ -65,34 +78,38 @@ def status(c, host=None, hosts=None, inventory=None, stack=None, json=False, acc
 @fleet_task(help={**_COMMON,
                   "fetch": "git fetch origin first (default); --no-fetch judges against origin as last fetched"})
 @cli.user_errors
-def patches(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False, fetch=True):
+def patches(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False, fetch=True,
+            parallel=None):
     """Each patch of patches/sglang and patches/sgl-kernel on each host: applied, will apply, upstreamed, conflicts."""
     from gpufleet.cli import patches as patches_cmd
 
     _exit(patches_cmd.patches(resolve("patches", inventory=inventory, stack=stack, host=host, hosts=hosts,
-                                      all_by_default=True, json=json, accept_new_host_keys=accept_new_host_keys),
+                                      all_by_default=True, json=json, accept_new_host_keys=accept_new_host_keys,
+                                      parallel=parallel),
                               fetch=fetch))
 
 
-@fleet_task(help={**_COMMON, **_ROLL,
+@fleet_task(help={**_COMMON, **_ROLL, **_ROLES,
                    "dry-run": "print each host's plan (steps with reasons, what stays) and change nothing",
                    "lock": "converge hosts to this fleet lock (locks/*.toml): its exact distributions, sglang commit "
                            "and sgl-kernel build, instead of recording a new one from the canary"})
 @cli.user_errors
 def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False,
-            dry_run=False, canary=None, batch="1", max_fail=0, resume=False, no_rollback=False, hf_token_file=None,
-            lock=None):
+            dry_run=False, canary=None, batch="1", max_fail="0", resume=False, no_rollback=False, hf_token_file=None,
+            lock=None, parallel=None, only=None, skip=None, force=False):
     """Bring hosts to stack.toml: torch, flashinfer, sglang checkout + patches, sgl-kernel, whole-stack check.
 
     One host: the upgrade alone. Several hosts: a roll, canary first then batches; each host is stopped, upgraded,
     deployed and proven healthy, or rolled back; the roll stops past --max-fail. The canary's proven stack is
-    recorded as a fleet lock (locks/) and every later host installs exactly that set."""
+    recorded as a fleet lock (locks/) and every later host installs exactly that set. --only/--skip run part of
+    the stack (then no lock is recorded)."""
     from gpufleet.cli import roll as roll_cmd
     from gpufleet.cli import upgrade as upgrade_cmd
 
     target = resolve("upgrade", inventory=inventory, stack=stack, host=host, hosts=hosts, json=json,
                      accept_new_host_keys=accept_new_host_keys, dry_run=dry_run, lock=lock,
-                     hf_token_file=hf_token_file, roll=_roll(canary, batch, max_fail, resume, no_rollback))
+                     hf_token_file=hf_token_file, roll=_roll(canary, batch, max_fail, resume, no_rollback),
+                     parallel=parallel, chosen_roles=role_selection(only, skip, force))
     _exit(roll_cmd.roll(target) if target.rolls else upgrade_cmd.upgrade(target))
 
 
@@ -101,8 +118,8 @@ def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, ac
     "download": "download missing model files on the host with the Hugging Face CLI (hf / huggingface-cli)"})
 @cli.user_errors
 def deploy_model(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False,
-                 dry_run=False, download=False, hf_token_file=None, canary=None, batch="1", max_fail=0, resume=False,
-                 no_rollback=False):
+                 dry_run=False, download=False, hf_token_file=None, canary=None, batch="1", max_fail="0", resume=False,
+                 no_rollback=False, parallel=None):
     """Install or update the SGLang unit (restart only on change), then prove /health and a smoke generation.
 
     Several hosts roll: canary first, then batches, each proven healthy (or rolled back) before the next."""
@@ -112,7 +129,7 @@ def deploy_model(c, host=None, hosts=None, inventory=None, stack=None, json=Fals
     target = resolve("deploy-model", inventory=inventory, stack=stack, host=host, hosts=hosts, json=json,
                      accept_new_host_keys=accept_new_host_keys, dry_run=dry_run, token=True,
                      hf_token_file=hf_token_file, download=download,
-                     roll=_roll(canary, batch, max_fail, resume, no_rollback))
+                     roll=_roll(canary, batch, max_fail, resume, no_rollback), parallel=parallel)
     _exit(roll_cmd.roll(target) if target.rolls else deploy_cmd.deploy_model(target))
 
 
@@ -120,18 +137,19 @@ def deploy_model(c, host=None, hosts=None, inventory=None, stack=None, json=Fals
                    "dry-run": "say what would be restored and change nothing"})
 @cli.user_errors
 def rollback(c, host=None, hosts=None, inventory=None, stack=None, snapshot=None, json=False,
-             accept_new_host_keys=False, dry_run=False):
+             accept_new_host_keys=False, dry_run=False, parallel=None):
     """Put hosts back on the snapshot taken before their last upgrade: exact venv, sglang HEAD and edits, unit."""
     from gpufleet.cli import rollback as rollback_cmd
 
     _exit(rollback_cmd.rollback_hosts(resolve("rollback", inventory=inventory, stack=stack, host=host, hosts=hosts,
                                               json=json, accept_new_host_keys=accept_new_host_keys, dry_run=dry_run,
-                                              per_host_stacks=False),
+                                              per_host_stacks=False, parallel=parallel),
                                       snapshot=snapshot))
 
 
 @fleet_task(name="probe-backends", help={
-    **_COMMON, "apply": "write the fastest correct set into the host's inventory entry and redeploy it",
+    **{k: v for k, v in _COMMON.items() if k != "parallel"},  # probes run one host at a time
+    "apply": "write the fastest correct set into the host's inventory entry and redeploy it",
     "dry-run": "list the candidate backend sets (and with --json each one's argv) and change nothing",
     "hf-token-file": _ROLL["hf-token-file"] + " (used by --apply's redeploy)"})
 @cli.user_errors
@@ -148,6 +166,39 @@ def probe_backends(c, host=None, hosts=None, inventory=None, stack=None, json=Fa
                                            hosts=hosts, json=json, accept_new_host_keys=accept_new_host_keys,
                                            dry_run=dry_run, token=apply, hf_token_file=hf_token_file),
                                    apply=apply))
+
+
+@fleet_task(help={**_COMMON, "force": "remove the lock even when its holder may still run (from this control node: "
+                                    "its pid is alive; from another: gpufleet cannot tell)"})
+@cli.user_errors
+def unlock(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False, force=False,
+           parallel=None):
+    """Show who holds a host's lock (/var/lib/gpufleet/lock) and remove it when that run is gone.
+
+    A holder on this control node is live while its pid runs (the same process that took the lock); a holder from
+    another control node cannot be checked from here. A live or unknown holder is refused unless --force; a lock
+    whose holder is gone is removed, and only while it is still that lock."""
+    from gpufleet.cli import unlock as unlock_cmd
+
+    _exit(unlock_cmd.unlock(resolve("unlock", inventory=inventory, stack=stack, host=host, hosts=hosts, json=json,
+                                    accept_new_host_keys=accept_new_host_keys, per_host_stacks=False,
+                                    parallel=parallel), force=force))
+
+
+@fleet_task(help=_COMMON)
+@cli.user_errors
+def snapshots(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False,
+              parallel=None):
+    """List each host's snapshots (newest first) with date, size, who took them and with what command.
+
+    After a successful upgrade or deploy a host keeps its newest settings.snapshots_keep (default 5), never the
+    one that run took."""
+    from gpufleet.cli import snapshots as snapshots_cmd
+
+    _exit(snapshots_cmd.snapshots(resolve("snapshots", inventory=inventory, stack=stack, host=host, hosts=hosts,
+                                          all_by_default=True, json=json,
+                                          accept_new_host_keys=accept_new_host_keys, per_host_stacks=False,
+                                          parallel=parallel)))
 
 
 @task(name="up", help={"count": "how many simulated GPU servers to boot (default 3)",
@@ -195,5 +246,7 @@ ns.add_task(deploy_model)
 ns.add_task(patches)
 ns.add_task(rollback)
 ns.add_task(probe_backends)
+ns.add_task(unlock)
+ns.add_task(snapshots)
 ns.add_task(init)
 ns.add_collection(Collection("sim", sim_up, sim_down, sim_status))

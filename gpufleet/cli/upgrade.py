@@ -10,6 +10,7 @@ from rich.table import Table
 
 from gpufleet.cli import downloads, render
 from gpufleet.fleet.executor import HostReport, Executor
+from gpufleet.cli.common import exit_code
 from gpufleet.cli.fleetdir import fleet_dir
 from gpufleet.cli.target import Target
 from gpufleet.facts.checkout import redact_url
@@ -21,7 +22,8 @@ from gpufleet.engine.runner import for_each_host
 
 STATUS_STYLE = {"planned": "[yellow]will change[/]", "unchanged": "[green]unchanged[/]",
                 "done-already": "[green]already done[/]", "changed": "[cyan]changed[/]",
-                "verified": "[green]verified[/]", "failed": "[bold red]FAILED[/]", "running": "[red]interrupted[/]"}
+                "verified": "[green]verified[/]", "failed": "[bold red]FAILED[/]", "running": "[red]interrupted[/]",
+                "skipped": "[dim]skipped[/]", "refused": "[bold red]refused[/]"}
 
 
 def upgrade(target: Target) -> int:
@@ -33,7 +35,8 @@ def upgrade(target: Target) -> int:
     wheels = WheelCache(progress=downloads.reporter(Console(stderr=True, highlight=False)))
     run = Executor(roles=ROLES, run=RunInfo.current(target.command), repo=fleet_dir(), dry_run=target.dry_run,
                    wheels=wheels, say=say, command_timeout=target.inventory.settings.command_timeout,
-                   lock=target.lock)
+                   lock=target.lock, selection=target.chosen_roles,
+                   snapshots_keep=target.inventory.settings.snapshots_keep)
     stacks = target.stacks
     outcomes = for_each_host(list(target.hosts), target.inventory,
                              lambda session: run.host(session, stacks[session.name]))
@@ -43,12 +46,12 @@ def upgrade(target: Target) -> int:
         render.print_json([r.to_json() for r in reports])
     else:
         print_reports(reports)
-    return 0 if all(r.ok for r in reports) else 1
+    return exit_code(r.outcome for r in reports)
 
 
 def report_table(report: HostReport) -> Table:
     """One row per planned item: role, status, the step (with its commands in a dry run), and why."""
-    table = Table(title=f"{report.host}: {_headline(report)}", title_justify="left", show_lines=report.dry_run)
+    table = Table(title=f"{escape(report.host)}: {_headline(report)}", title_justify="left", show_lines=report.dry_run)
     for column in ("role", "status", "step", "why"):
         table.add_column(column)
     for entry in report.entries:
@@ -62,9 +65,9 @@ def report_table(report: HostReport) -> Table:
                 shown = [brief(c) for c in item.commands] + [f"check: {brief(c)}" for c in item.verify]
                 shown += [f"upload: {redact_url(u.url)} -> {u.remote}" for u in item.uploads]
                 what += "".join(f"\n[dim]$ {escape(text)}[/]" for text in shown)
-            table.add_row(item.role, status, what, escape(item.reason))
+            table.add_row(escape(item.role), status, what, escape(item.reason))
         else:
-            table.add_row(item.role, status, "", f"[dim]{escape(item.reason)}[/]")
+            table.add_row(escape(item.role), status, "", f"[dim]{escape(item.reason)}[/]")
     return table
 
 
@@ -83,14 +86,14 @@ def print_reports(reports: list[HostReport]) -> None:
         if report.entries:
             render.console.print(report_table(report))
         elif report.ok:
-            render.console.print(f"{report.host}: {_headline(report)}")
+            render.console.print(f"{escape(report.host)}: {_headline(report)}")
         if report.lock_holder:
-            render.console.print(f"[yellow]{report.host}[/]: locked by {escape(report.lock_holder)}: "
+            render.console.print(f"[yellow]{escape(report.host)}[/]: locked by {escape(report.lock_holder)}: "
                                  f"a run is changing it now; this plan may be out of date")
         if report.error:
-            render.console.print(f"[red]{report.host}: {report.outcome}[/]: {escape(report.error)}")
+            render.console.print(f"[red]{escape(report.host)}: {report.outcome}[/]: {escape(report.error)}")
         if report.next_step:
-            render.console.print(f"[bold]next[/] ({report.host}): {escape(report.next_step)}")
+            render.console.print(f"[bold]next[/] ({escape(report.host)}): {escape(report.next_step)}")
     render.console.print(_summary(reports))
 
 
@@ -104,4 +107,4 @@ def _summary(reports: list[HostReport]) -> str:
         changed = [r.host for r in reports if r.ok and r.with_status("changed")]
         text = f"{len(reports)} host(s): {len(reports) - len(failed) - len(changed)} unchanged"
         text += f", changed {', '.join(changed)}" if changed else ""
-    return text + (f", [red]failed: {', '.join(failed)}[/]" if failed else "")
+    return escape(text) + (f", [red]failed: {escape(', '.join(failed))}[/]" if failed else "")

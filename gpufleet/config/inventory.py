@@ -35,6 +35,7 @@ class Settings(BaseModel):
     ssh_config: LocalPath | None = Path("~/.ssh/config").expanduser()  # where unset port/user come from
     accept_new_host_keys: bool = False
     command_timeout: float | None = Field(None, gt=0)
+    snapshots_keep: int = Field(5, ge=1)  # per host, pruned after a successful run; never the one it just took
 
 
 class GpuExpectation(BaseModel):

@@ -22,13 +22,19 @@ from gpufleet.fleet.hoststate import HostClaimedError, RunInfo
 from gpufleet.config.lock import FleetLock
 from gpufleet.fleet.lockstate import locked_stack
 from gpufleet.plan import PlanContext, Role, Step, Unchanged, Upload, brief
+from gpufleet.roleapi import Selection, needs
 from gpufleet.wheels.push import PushItem
 
 TOOLS_DIR = "/var/cache/gpufleet/tools"  # gpufleet's own pip wheel on each host
 RESOLVER_PIP = "26.3"  # the pip that resolves and installs on every host: its dry run reads metadata only
 
 # Entry statuses: planned (dry run), unchanged (the role said so), done-already (its `needed` check said so at
-# apply time), changed, verified (a check-only step passed), failed.
+# apply time), changed, verified (a check-only step passed), failed, skipped (--only/--skip left the role out),
+# refused (a role it needs is left out and not on target on this host).
+
+
+class RoleRefused(GpufleetError):
+    """A selected role needs a role that --only/--skip leaves out and that is not on target on this host."""
 
 
 @dataclass
@@ -91,6 +97,8 @@ class Executor:
     lock: FleetLock | None = None  # converge every host to this recorded stack
     host_lock_held: bool = False  # the caller holds each host's lock already (e.g. a probe redeploying): keep it
     resolver_version: str = RESOLVER_PIP
+    selection: Selection | None = None  # --only / --skip (and --force)
+    snapshots_keep: int | None = None  # after a successful run that took a snapshot, keep this many (None: all)
     _pip_wheel: Path | None = field(default=None, repr=False)
     _pip_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -156,11 +164,64 @@ class _HostRun:
             self.report.lock_holder = hoststate.read_claim(self.session)
             # Nothing changes in a dry run, so every role sees today's facts.
             ctx = self.context(self.up.read_facts(self.session))
+            behind = self.survey(ctx)
+            refused = self.refusals(behind)
             for role in self.up.roles:
+                if self.skip(role, behind):
+                    continue
+                if role.name in refused:
+                    self.report.entries.append(Entry(Unchanged(role.name, refused[role.name]), "refused"))
+                    continue
                 for item in role.plan(ctx):
                     self.report.entries.append(Entry(item, "unchanged" if isinstance(item, Unchanged) else "planned"))
+            if refused:
+                raise RoleRefused("; ".join(refused.values()))
+        except RoleRefused as exc:
+            self.fail(exc, "run the role it needs too, or pass --force to run it against the host as it is")
         except GpufleetError as exc:
             self.fail(exc, "fix the cause, then run the dry run again")
+
+    def survey(self, ctx: PlanContext) -> dict[str, str]:
+        """Plan (read-only) each role --only/--skip leaves out: name -> why it is not on target, for those behind."""
+        sel, behind = self.up.selection, {}
+        for role in self.up.roles if sel else ():
+            if sel.runs(role.name):
+                continue
+            try:
+                pending = [i for i in role.plan(ctx) if isinstance(i, Step) and (i.commands or i.uploads)]
+                if pending:
+                    behind[role.name] = pending[0].reason
+            except GpufleetError as exc:
+                behind[role.name] = f"could not plan it: {exc}"
+        return behind
+
+    def refusals(self, behind: dict[str, str]) -> dict[str, str]:
+        """Roles that run but need a left-out role that is behind: name -> why refused (none with --force)."""
+        found, sel = {}, self.up.selection
+        for role in self.up.roles if sel else ():
+            if not sel.runs(role.name):
+                continue
+            missing = [d for d in needs(role, self.up.roles) if d in behind]
+            if not missing:
+                continue
+            why = "; ".join(f"{d}: {behind[d]}" for d in missing)
+            if sel.force:
+                self.say(f"{role.name}: runs although {', '.join(missing)} is left out and not on target (--force)")
+                continue
+            found[role.name] = (f"{role.name} needs {', '.join(missing)}, which --only/--skip leaves out and which "
+                                f"is not on target on {self.session.name} ({why}); run "
+                                f"{'it' if len(missing) == 1 else 'them'} too, or pass --force")
+        return found
+
+    def skip(self, role, behind: dict[str, str]) -> bool:
+        """True for a role --only/--skip leaves out; recorded as skipped, saying whether it is on target here."""
+        sel = self.up.selection
+        if sel is None or sel.runs(role.name):
+            return False
+        note = f"skipped ({sel.left_out[role.name]})"
+        note += f"; not on target: {behind[role.name]}" if role.name in behind else "; on target"
+        self.report.entries.append(Entry(Unchanged(role.name, note), "skipped"))
+        return True
 
     def apply(self) -> None:
         run = self.up.run
@@ -180,6 +241,9 @@ class _HostRun:
         try:
             self.apply_roles()
             self.report.outcome = "ok"
+            self.prune_snapshots()
+        except RoleRefused as exc:
+            self.fail(exc, "run the role it needs too, or pass --force to run it against the host as it is")
         except GpufleetError as exc:
             self.fail(exc, self.resume_hint())
         finally:
@@ -194,8 +258,14 @@ class _HostRun:
 
     def apply_roles(self) -> None:
         facts = self.up.read_facts(self.session)
+        behind = self.survey(self.context(facts))
+        refused = self.refusals(behind)
+        if refused:  # before anything changes
+            raise RoleRefused("; ".join(refused.values()))
         for role in self.up.roles:
             changed = False
+            if self.skip(role, behind):
+                continue
             for item in role.plan(self.context(facts)):
                 if isinstance(item, Unchanged):
                     self.report.entries.append(Entry(item, "unchanged"))
@@ -272,6 +342,19 @@ class _HostRun:
         if result.exit_code in (0, 1):
             return result.exit_code == 0
         raise RemoteCommandError(result, step.needed, shown=brief(step.needed))
+
+    def prune_snapshots(self) -> None:
+        """After a successful run that took a snapshot: keep the newest `snapshots_keep`, never the one just taken."""
+        if self.report.snapshot is None or self.up.snapshots_keep is None:
+            return
+        try:
+            removed = hoststate.prune_snapshots(self.session, self.up.snapshots_keep, self.report.snapshot)
+        except GpufleetError as exc:
+            self.say(f"could not prune old snapshots: {exc}")
+            return
+        if removed:
+            self.say(f"removed {len(removed)} old snapshot(s), keeping the newest {self.up.snapshots_keep}: "
+                     + ", ".join(removed))
 
     def ensure_snapshot(self) -> None:
         if self.report.snapshot is None:

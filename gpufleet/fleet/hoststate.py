@@ -68,7 +68,7 @@ class HostClaimedError(GpufleetError):
 
 def describe_holder(text: str) -> str:
     """A holder file as one phrase: `alice@laptop (pid 42, since ..., running `inv upgrade ...`)`."""
-    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    values = holder_values(text)
     if "holder" not in values:
         return " ".join(text.split()) or "an unknown holder (the lock has no holder file)"
     details = [f"pid {values['pid']}" if values.get("pid") else "",
@@ -99,6 +99,109 @@ def read_claim(session) -> str | None:
     return describe_holder(result.output) if result.exit_code == 0 else None
 
 
+def holder_values(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The host's lock as found: its holder file's text (empty when it has none) and its values."""
+
+    text: str
+
+    @property
+    def values(self) -> dict[str, str]:
+        return holder_values(self.text)
+
+    @property
+    def described(self) -> str:
+        return describe_holder(self.text)
+
+    @property
+    def control_host(self) -> str | None:
+        holder = self.values.get("holder", "")
+        return holder.split("@", 1)[1] if "@" in holder else None
+
+
+def read_holder(session) -> Claim | None:
+    """The host's lock with its holder file, or None when the host is not locked (read-only)."""
+    result = session.run(Cmd.of("bash", "-c", remote.text("host_claim_read.sh"), "read-lock", LOCK_DIR),
+                         step="read lock", check=False)
+    return Claim(result.output) if result.exit_code == 0 else None
+
+
+def _started_epoch(text: str) -> float | None:
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def _process_start(pid: int) -> float | None:
+    """When a local process started (epoch seconds), from /proc; None when it cannot be told."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22 of stat, counted after the command's closing parenthesis
+        boot = next(int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _pid_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def liveness(claim: Claim, here: str | None = None) -> tuple[str, str]:
+    """Whether the lock's holder still runs: ("live" | "stale" | "unknown", why).
+
+    The holder file names the control node and the pid of the run (`holder=user@node`, `pid=`, `started=`). On this
+    control node the pid is checked: gone, or now a process that started after the lock was taken (a reused pid),
+    is stale. A lock without a holder file (a run died while taking it) is stale. From another control node it is
+    unknown: gpufleet cannot see that node's processes."""
+    here = here or socket.gethostname()
+    values = claim.values
+    if "holder" not in values:
+        return "stale", "the lock has no holder file: a run died while taking it"
+    node = claim.control_host
+    try:
+        pid = int(values.get("pid", ""))
+    except ValueError:
+        pid = 0
+    if node != here:
+        return "unknown", (f"it was taken from another control node ({node}); gpufleet cannot see whether pid "
+                           f"{values.get('pid', '?')} still runs there")
+    if pid <= 0:
+        return "stale", "its holder file names no pid"
+    if not _pid_runs(pid):
+        return "stale", f"pid {pid} no longer runs on {here}"
+    began, taken = _process_start(pid), _started_epoch(values.get("started", ""))
+    if began is not None and taken is not None and began > taken + 5:
+        return "stale", f"pid {pid} on {here} is another process now (it started after the lock was taken)"
+    return "live", f"pid {pid} still runs on {here}"
+
+
+class ClaimChanged(GpufleetError):
+    """The host's lock changed hands between reading and breaking it."""
+
+
+def break_claim(session, claim: Claim) -> None:
+    """Remove the host's lock, only while it is still the claim that was read (its token)."""
+    cmd = Cmd.of("bash", "-c", remote.text("host_unlock.sh"), "unlock", LOCK_DIR, claim.values.get("token", ""))
+    result = session.run(cmd, step="break lock", check=False)
+    if result.exit_code == 1:
+        raise ClaimChanged(f"host {session.name}: the lock changed hands meanwhile (another run took it); "
+                           f"nothing was removed; run `inv unlock` again to see the new holder")
+    if result.exit_code != 0:
+        raise RemoteCommandError(result, cmd)
+
+
 def snapshot(session, run: RunInfo) -> str:
     """Save what a rollback needs (pip freeze, checkout HEAD/diff/untracked files, unit file); returns its path."""
     host = session.host
@@ -110,6 +213,58 @@ def snapshot(session, run: RunInfo) -> str:
                  unit_name(host.service), now.strftime("%Y%m%dT%H%M%SZ"), manifest)
     result = session.run(cmd, step="snapshot")
     return result.output.strip().splitlines()[-1]
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """One snapshot on a host: its directory, its size on its own (KiB) and its manifest's values."""
+
+    path: str
+    kib: int
+    manifest: dict
+
+    @property
+    def created(self) -> str:
+        return self.manifest.get("created", "")
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "kib": self.kib, "created": self.created, "by": self.manifest.get("by"),
+                "command": self.manifest.get("command")}
+
+
+def parse_snapshot_list(text: str) -> tuple[list[SnapshotInfo], int]:
+    """snapshot_list.sh's output -> the snapshots (oldest first) and their total size in KiB (shared files once)."""
+    found: list[SnapshotInfo] = []
+    total = 0
+    current: tuple[str, int] | None = None
+    for line in text.splitlines():
+        if line.startswith("@@snapshot "):
+            path, _, kib = line[len("@@snapshot "):].rpartition(" ")
+            current = (path, int(kib) if kib.isdigit() else 0)
+            found.append(SnapshotInfo(current[0], current[1], {}))
+        elif line.startswith("@@total "):
+            total = int(line.split()[1]) if line.split()[1:] and line.split()[1].isdigit() else 0
+        elif line.strip() and current is not None and found and not found[-1].manifest:
+            try:
+                manifest = json.loads(line)
+            except ValueError:
+                manifest = {}
+            found[-1] = SnapshotInfo(current[0], current[1], manifest if isinstance(manifest, dict) else {})
+    return found, total
+
+
+def list_snapshots(session) -> tuple[list[SnapshotInfo], int]:
+    """The host's snapshots, oldest first, with sizes; and their total on disk (read-only)."""
+    result = session.run(Cmd.of("bash", "-c", remote.text("snapshot_list.sh"), "snapshots", SNAPSHOTS_DIR),
+                         step="list snapshots")
+    return parse_snapshot_list(result.output)
+
+
+def prune_snapshots(session, keep: int, protect: str) -> list[str]:
+    """Remove all but the newest `keep` snapshots, never `protect` (the one just taken); the removed paths."""
+    result = session.run(Cmd.of("bash", "-c", remote.text("snapshot_prune.sh"), "prune", SNAPSHOTS_DIR, str(keep),
+                                protect), step="prune snapshots")
+    return [line for line in result.output.splitlines() if line.startswith("/")]
 
 
 def append_audit(session, record: dict) -> None:

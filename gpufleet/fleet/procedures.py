@@ -16,6 +16,7 @@ from gpufleet.fleet.executor import Executor, HostReport
 from gpufleet.fleet.health import Gate
 from gpufleet.fleet.hoststate import RunInfo
 from gpufleet.fleet.roll import RollSummary, RunRecord
+from gpufleet.roleapi import Selection
 from gpufleet.roles.model_server import ModelServer, served_name
 from gpufleet.wheels.fetch import WheelCache
 
@@ -65,14 +66,17 @@ class RollProcedures:
     def __init__(self, kind: str, *, stacks: dict[str, Stack], repo: Path, run: RunInfo, say: Callable[[str], None],
                  summary: RollSummary, record: RunRecord, given: lock.FleetLock | None = None,
                  secrets: dict[str, str] | None = None, download: bool = False,
-                 command_timeout: float | None = None, wheels: WheelCache | None = None):
+                 command_timeout: float | None = None, selection: Selection | None = None,
+                 snapshots_keep: int | None = None, wheels: WheelCache | None = None):
         self.kind, self.stacks, self.repo, self.summary, self.record = kind, stacks, repo, summary, record
         self.command = run.command
+        self.selection = selection
         self.upgrader = Executor(roles=_upgrade_roles(), run=run, repo=repo, say=say, wheels=wheels or WheelCache(),
-                                 command_timeout=command_timeout)
+                                 command_timeout=command_timeout, selection=selection, snapshots_keep=snapshots_keep)
         self.deployer = Executor(roles=[ModelServer(secrets=secrets or {}, download=download)], run=run, repo=repo,
-                                 say=say, command_timeout=command_timeout)
-        self.planner = Executor(roles=_upgrade_roles(), run=run, repo=repo, say=lambda line: None, dry_run=True)
+                                 say=say, command_timeout=command_timeout, snapshots_keep=snapshots_keep)
+        self.planner = Executor(roles=_upgrade_roles(), run=run, repo=repo, say=lambda line: None, dry_run=True,
+                                selection=selection)
         self.upgrader.lock = self.planner.lock = given
         self.handed: dict[str, list[dict]] = {}  # host -> wheels the control node handed it (recorded in the lock)
 
@@ -119,6 +123,10 @@ class RollProcedures:
 
     def _hold_to_lock(self, session, st, result, log, wheels) -> None:
         """The first healthy host records the fleet lock; every later one must match it (else it is rolled back)."""
+        if self.upgrader.lock is None and self.selection is not None:
+            # a partial upgrade is no proven whole stack: record no lock from it (a given --lock is still held to)
+            result.steps.append("no fleet lock recorded (--only/--skip ran part of the stack)")
+            return
         if self.upgrader.lock is None:
             found = lockstate.record(session, st, wheels, self.command)
             path = lock.save(found, lock.locks_dir(self.repo / "locks"), self.summary.started)

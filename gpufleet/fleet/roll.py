@@ -80,6 +80,25 @@ def batch_size(spec: str, remaining: int) -> int:
                           value=spec, has_value=True) from None
 
 
+def max_failures(spec, hosts: int) -> int:
+    """`--max-fail 2` (hosts) or `--max-fail 10%` (of the roll's hosts, rounded down: 10% of 25 is 2): how many
+    hosts may fail before the roll stops; the roll stops once more than that have failed."""
+    text = str(spec).strip()
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not 0 <= pct <= 100 or pct != pct:
+                raise ValueError
+            return math.floor(hosts * pct / 100 + 1e-9)
+        count = int(text)
+        if count < 0:
+            raise ValueError
+        return count
+    except ValueError:
+        raise ConfigError("--max-fail", "must be a number of hosts (0 or more) or a percentage of the roll's hosts "
+                          "like 10%", value=spec, has_value=True) from None
+
+
 def plan_batches(hosts: list[str], canary: str | None, spec: str) -> list[list[str]]:
     """The canary alone first (the first host unless named), then the rest in batches of the given size."""
     if not hosts:

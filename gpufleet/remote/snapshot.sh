@@ -45,6 +45,5 @@ if [ -z "$path" ] && [ -f "/etc/systemd/system/$unit" ]; then path=/etc/systemd/
 if [ -n "$path" ] && [ -f "$path" ]; then cp -p -- "$path" "$d/" && printf '%s\n' "$path" > "$d/unit-path"; fi
 for f in "/etc/gpufleet/${unit%.service}.env"; do [ -f "$f" ] && cp -p -- "$f" "$d/unit.env"; done
 systemctl is-active -- "$unit" > "$d/unit-active" 2>/dev/null || true
-# Keep the newest snapshots only; each pins the files of a whole venv.
-ls -1d "$base"/*/ 2>/dev/null | sort | head -n -5 | xargs -r rm -rf --
+# Old snapshots are pruned after a successful run (snapshot_prune.sh, inventory settings.snapshots_keep).
 echo "$d"

@@ -50,7 +50,8 @@ def test_canary_records_the_lock_and_later_hosts_get_exactly_it_while_the_index_
     # gpu1 (canary) passes; gpu2 cannot be reached, so the roll stops there
     fleet.set_link("gpu2", False)
     proc, summary = inv_json("upgrade", "--hosts", "gpu1,gpu2", "--inventory", str(path))
-    assert proc.returncode == 1 and summary["status"] == "stopped", proc.stderr[-3000:]
+    # exit 3: the only problem is a host that could not be reached
+    assert proc.returncode == 3 and summary["status"] == "stopped", proc.stderr[-3000:]
     outcome = {r["host"]: r for r in summary["results"]}
     assert outcome["gpu1"]["outcome"] == "ok", outcome["gpu1"]
     [recorded] = set(locks.glob("*.toml")) - before
