@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,14 +11,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def inv(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run `inv ARGS` from the repo root exactly as a user would."""
+def inv(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `inv ARGS` from the repo root exactly as a user would (env: variables added to this process's)."""
     return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **env} if env else None)
 
 
-def inv_json(*args: str, timeout: float = 600):
-    proc = inv(*args, "--json", timeout=timeout)
+def inv_json(*args: str, timeout: float = 600, env: dict[str, str] | None = None):
+    proc = inv(*args, "--json", timeout=timeout, env=env)
     try:
         return proc, json.loads(proc.stdout)
     except json.JSONDecodeError:

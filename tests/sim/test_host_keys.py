@@ -75,3 +75,34 @@ def test_the_system_wide_known_hosts_file_counts(sim_fleet, tmp_path):
     proc, rows = inv_json("status", "--inventory", str(path))
     assert rows[0]["reachable"] is True, rows[0].get("error")
     assert not (tmp_path / "empty").exists()
+
+
+def test_a_passphrase_key_in_the_agent_works_beside_an_identity_file(sim_fleet, tmp_path):
+    """OpenSSH tries the identity file, then the agent: an encrypted identity file gpufleet cannot open is no reason
+    to give up while the agent holds the key."""
+    import os
+    import signal
+
+    key = tmp_path / "ops_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "s3cret-phrase", "-f", str(key)], check=True)
+    root = sim_fleet.host_root("gpu1")
+    authorized = root / "root/.ssh/authorized_keys"
+    before = authorized.read_text()
+    agent = subprocess.run(["ssh-agent", "-s", "-a", str(tmp_path / "agent.sock")], capture_output=True, text=True,
+                           check=True).stdout
+    pid = int(agent.split("SSH_AGENT_PID=")[1].split(";")[0])
+    askpass = tmp_path / "askpass"
+    askpass.write_text("#!/bin/sh\necho s3cret-phrase\n")
+    askpass.chmod(0o700)
+    env = {**os.environ, "SSH_AUTH_SOCK": str(tmp_path / "agent.sock"), "SSH_ASKPASS": str(askpass),
+           "SSH_ASKPASS_REQUIRE": "force", "DISPLAY": ":0"}
+    try:
+        subprocess.run(["ssh-add", str(key)], env=env, check=True, capture_output=True, stdin=subprocess.DEVNULL)
+        authorized.write_text(before + Path(f"{key}.pub").read_text())
+        path = write_inventory(sim_fleet, tmp_path / "hosts.toml", ["gpu1"],
+                               extra=f'[defaults]\nidentity_file = "{key}"\n')
+        proc, rows = inv_json("status", "--inventory", str(path), env={"SSH_AUTH_SOCK": env["SSH_AUTH_SOCK"]})
+        assert rows[0]["reachable"] is True, rows[0].get("error")
+    finally:
+        authorized.write_text(before)
+        os.kill(pid, signal.SIGTERM)
