@@ -52,10 +52,14 @@ def _transport_offering_certificates(sock, **kwargs) -> paramiko.Transport:
     return transport
 
 
-def _key_with_certificate(identity: str, certificate: str) -> paramiko.PKey:
+def _key_with_certificate(host: str, identity: str, certificate: str) -> paramiko.PKey:
     """The identity's private key carrying the CertificateFile's certificate (OpenSSH's CertificateFile)."""
-    key = paramiko.PKey.from_path(os.path.expanduser(identity))
-    key.load_certificate(os.path.expanduser(certificate))
+    try:
+        key = paramiko.PKey.from_path(os.path.expanduser(identity))
+        key.load_certificate(os.path.expanduser(certificate))
+    except (OSError, ValueError, paramiko.SSHException) as exc:
+        raise UnreachableError(f"host {host}: ssh_config's IdentityFile {identity} with CertificateFile "
+                               f"{certificate} cannot be used: {exc}") from None
     return key
 
 
@@ -94,9 +98,11 @@ class HostSession:
             connect_timeout=self.settings.connect_timeout, connect_kwargs=kwargs,
             gateway=self.gateway.connection() if self.gateway else None,
         )
-        certificate = conn.ssh_config.get("certificatefile")
+        certificate = conn.ssh_config.get("certificatefile")  # paramiko gives a string, identityfile a list
         if certificate and not self.host.identity_file and conn.ssh_config.get("identityfile"):
-            conn.connect_kwargs["pkey"] = _key_with_certificate(conn.ssh_config["identityfile"][0], certificate[0])
+            certificate = certificate if isinstance(certificate, str) else certificate[0]
+            conn.connect_kwargs["pkey"] = _key_with_certificate(self.name, conn.ssh_config["identityfile"][0],
+                                                                certificate)
         self._guard(conn, self.name)
         if isinstance(conn.gateway, Connection) and self.gateway is None:
             # a ProxyJump from ssh_config: Fabric builds it with a trust-anything policy; it gets ours

@@ -106,3 +106,39 @@ def test_a_passphrase_key_in_the_agent_works_beside_an_identity_file(sim_fleet, 
     finally:
         authorized.write_text(before)
         os.kill(pid, signal.SIGTERM)
+
+
+def test_a_user_certificate_from_ssh_config_logs_in(sim_fleet, tmp_path):
+    """ssh_config's IdentityFile + CertificateFile: the host trusts a user CA, not the key; gpufleet presents the
+    certificate as OpenSSH would."""
+    import tomllib
+
+    import tomlkit
+
+    ca = tmp_path / "user_ca"
+    key = tmp_path / "cert_key"
+    for path in (ca, key):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-s", str(ca), "-I", "operator", "-n", "root", "-V", "+1d", f"{key}.pub"],
+                   check=True)
+    cert = tmp_path / "elsewhere-cert.pub"  # not <key>-cert.pub: found only through CertificateFile
+    (tmp_path / "cert_key-cert.pub").rename(cert)
+    root = sim_fleet.host_root("gpu1")
+    (root / "etc/ssh/gpufleet-test-user-ca.pub").write_text(Path(f"{ca}.pub").read_text())
+    drop_in = root / "etc/ssh/sshd_config.d/gpufleet-test-user-ca.conf"
+    drop_in.parent.mkdir(parents=True, exist_ok=True)
+    drop_in.write_text("TrustedUserCAKeys /etc/ssh/gpufleet-test-user-ca.pub\n")
+    sim_fleet.run_on("gpu1", "systemctl reload ssh")
+    try:
+        config = tmp_path / "ssh_config"
+        config.write_text(f"Host {sim_fleet.host('gpu1').address}\n  IdentityFile {key}\n  CertificateFile {cert}\n")
+        path = write_inventory(sim_fleet, tmp_path / "hosts.toml", ["gpu1"],
+                               extra=f'[settings]\nssh_config = "{config}"\n')
+        data = tomllib.loads(path.read_text())
+        del data["defaults"]["identity_file"]  # the key and certificate come from ssh_config alone
+        path.write_text(tomlkit.dumps(data))
+        proc, rows = inv_json("status", "--inventory", str(path))
+        assert rows[0]["reachable"] is True, rows[0].get("error")
+    finally:
+        drop_in.unlink()
+        sim_fleet.run_on("gpu1", "systemctl reload ssh")
