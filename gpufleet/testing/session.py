@@ -166,6 +166,7 @@ class FakeSession:
         self.calls.append(("channel", cmd))
         result = self.answer("channel", cmd)
         chan = FakeChannel(result.output, result.exit_code)
+        chan.sendall(self.wire(cmd).stdin)  # as HostSession.channel: a become host's password line goes first
         self.channels.append(chan)
         return chan
 

@@ -19,9 +19,9 @@ TORCH = wheels.TARGET["torch"]
 # What "changed nothing" means here: packages, venv files, the checkout, gpufleet's state directory, the unit.
 STATE = r"""
 cd / && /root/venv/bin/python -m pip freeze --all
-find /root/venv /root/sglang-main -path '*/.git' -prune -o -name __pycache__ -prune -o -printf '%p %u %s %T@\n' | sort
+find /root/venv /root/sglang-main -path '*/.git' -prune -o -name __pycache__ -prune -o -type f -printf '%p %u %s %T@\n' | sort
 git -C /root/sglang-main status --porcelain=v1; git -C /root/sglang-main rev-parse HEAD
-find /var/lib/gpufleet /etc/systemd/system -printf '%p %s %T@\n' 2>/dev/null | sort
+find /var/lib/gpufleet /etc/systemd/system -type f -printf '%p %s %T@\n' 2>/dev/null | sort
 """
 
 
