@@ -77,7 +77,7 @@ def restore(session, info: SnapshotInfo, say=print) -> str:
             raise RollbackError(f"host {host.name}: rollback to {info.path} failed restoring {what}:\n"
                                 f"{result.tail()}")
         check = session.run(Cmd.of("bash", "-c", remote.text("snapshot_check.sh"), "check", info.path, host.venv,
-                                   host.sglang_checkout),
+                                   host.sglang_checkout, keep_owner=(host.venv, host.sglang_checkout)),
                             step="rollback: compare with snapshot", check=False)
         if check.exit_code != 0:
             raise RollbackError(f"host {host.name}: after rollback the host differs from {info.path}:\n{check.tail()}")
