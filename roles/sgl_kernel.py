@@ -359,8 +359,9 @@ def _build_step(ctx: PlanContext, source: Source, built: BuildInputs, key: str, 
                        "--disable-pip-version-check", "--verbose", "-w", f"{job.dir}/dist", *settings, env=env,
                        cwd=f"{ctx.host.sglang_checkout}/{source.directory}")
     inner = Cmd.of("bash", "-c", f"date +%s > {shlex.quote(job.dir)}/started && rm -rf "
-                                 f"{shlex.quote(job.dir)}/dist && {wheel_cmd.render()}",
-                   keep_owner=(ctx.host.sglang_checkout, ctx.host.venv))
+                                 f"{shlex.quote(job.dir)}/dist && {wheel_cmd.render()}")
+    # The detached job itself stays as it was (its command names the unit); the unpatch commands after it keep the
+    # checkout's owner, and the install (_record_cmd) the venv's.
     # Build tools come from the stack's own indexes only (never a default index the box may not reach).
     tools = _tools_cmd(ctx, build_tools(ctx, source))
     uploads = tuple(Upload(d.fetch_url(cfg.source_mirrors), None, d.archive, d.name, d.tag) for d in deps)
