@@ -434,7 +434,7 @@ def _apply_one(name: str, file: str) -> str:
 
 def apply_command(checkout: str, series: list[Series] | Series) -> Cmd:
     """Apply each patch the checkout lacks, in order, as uncommitted edits; on a conflict undo this run's and exit 2."""
-    return _checkout_script(checkout, series, _apply_one, prelude=_UNDO)
+    return _checkout_script(checkout, series, _apply_one, prelude=_UNDO).owned_by(checkout)
 
 
 def missing_command(checkout: str, series: list[Series] | Series) -> Cmd:

@@ -50,8 +50,8 @@ def install_cmd(ctx: PlanContext, requirements: list[str], *, index_url: str | N
     through pushed_install)."""
     argv: list[Part] = [venv_python(ctx), "-m", "pip", "install", "--progress-bar", "off",
                         *index_args(ctx, index_url, extra_index_urls, pre), *requirements]
-    # cwd /: `python -m` puts the working directory on sys.path
-    return Cmd.of(*argv, env=PIP_ENV, cwd="/")
+    # cwd /: `python -m` puts the working directory on sys.path; the venv keeps its owner
+    return Cmd.of(*argv, env=PIP_ENV, cwd="/", keep_owner=(ctx.host.venv,))
 
 
 def needs_versions(ctx: PlanContext, pins: dict[str, str]) -> Cmd:
@@ -144,7 +144,7 @@ def offline_install_cmd(ctx: PlanContext, pip_wheel: str, requirements: list[str
     argv: list[Part] = [venv_python(ctx), f"{pip_wheel}/pip", "install", "--progress-bar", "off", "--no-index",
                         "--find-links", WHEEL_DIR, *requirements]
     return Cmd.of("bash", "-c", '"$@" -c <(printf "%s\\n" "$CONSTRAINTS")', "install", *argv,
-                  env={**PIP_ENV, "CONSTRAINTS": "\n".join(constraints(ctx))}, cwd="/")
+                  env={**PIP_ENV, "CONSTRAINTS": "\n".join(constraints(ctx))}, cwd="/", keep_owner=(ctx.host.venv,))
 
 
 def pushed_install(ctx: PlanContext, role: str, requirements: list[str], *, index_url: str | None,

@@ -207,7 +207,7 @@ def _record_cmd(ctx: PlanContext, key: str, wheel_expr: str, origin: str, inputs
             f"{shlex.quote(_py(ctx))} -c \"$1\" \"$wheel\" \"${{@:2}}\"\n")
     return Cmd.of("bash", "-c", text, "record", remote_source("kernel_record.py"), origin, inputs_json, key, paths,
                   json.dumps(list(FP4_OPS)), "1" if ctx.stack.sgl_kernel.enable_fp4 else "0",
-                  remote_source("kernel_archs.py"), cwd="/")
+                  remote_source("kernel_archs.py"), cwd="/", keep_owner=(ctx.host.venv,))
 
 
 _TOOLS_PRESENT = remote.text("requirements_present.py")  # exit 0 when every requirement is installed
@@ -245,7 +245,7 @@ def _patch_cmds(ctx: PlanContext, source: Source) -> list[Cmd]:
                 'echo "already applied: $2"; else printf "%s" "$1" | git apply --directory="$3" - && '
                 'echo "applied: $2"; fi')
         cmds.append(Cmd.of("bash", "-c", body, "patch", text, pname, source.directory,
-                           cwd=ctx.host.sglang_checkout))
+                           cwd=ctx.host.sglang_checkout, keep_owner=(ctx.host.sglang_checkout,)))
     return cmds
 
 
@@ -256,7 +256,7 @@ def _unpatch_cmds(ctx: PlanContext, source: Source) -> list[Cmd]:
     body = ('if printf "%s" "$1" | git apply --reverse --check --directory="$3" - 2>/dev/null; then '
             'printf "%s" "$1" | git apply --reverse --directory="$3" - && echo "reverted: $2"; fi')
     return [Cmd.of("bash", "-c", body, "unpatch", (pdir / pname).read_text(), pname, source.directory,
-                   cwd=ctx.host.sglang_checkout) for pname in reversed(series.series_names(pdir))]
+                   cwd=ctx.host.sglang_checkout, keep_owner=(ctx.host.sglang_checkout,)) for pname in reversed(series.series_names(pdir))]
 
 
 def build_tools(ctx: PlanContext, source: Source) -> list[str]:
@@ -360,6 +360,8 @@ def _build_step(ctx: PlanContext, source: Source, built: BuildInputs, key: str, 
                        cwd=f"{ctx.host.sglang_checkout}/{source.directory}")
     inner = Cmd.of("bash", "-c", f"date +%s > {shlex.quote(job.dir)}/started && rm -rf "
                                  f"{shlex.quote(job.dir)}/dist && {wheel_cmd.render()}")
+    # The detached job itself stays as it was (its command names the unit); the unpatch commands after it keep the
+    # checkout's owner, and the install (_record_cmd) the venv's.
     # Build tools come from the stack's own indexes only (never a default index the box may not reach).
     tools = _tools_cmd(ctx, build_tools(ctx, source))
     uploads = tuple(Upload(d.fetch_url(cfg.source_mirrors), None, d.archive, d.name, d.tag) for d in deps)

@@ -41,7 +41,7 @@ def update_script(checkout: str, branch: str, target: str = "", pinned: bool = F
 
 
 def update_command(checkout: str, branch: str, target: str = "", pinned: bool = False) -> Cmd:
-    return script(update_script(checkout, branch, target, pinned))
+    return script(update_script(checkout, branch, target, pinned)).owned_by(checkout)
 
 
 def probe_command(checkout: str, branch: str) -> Cmd:
@@ -66,7 +66,7 @@ def clone_command(checkout: str, remote: str, branch: str, pin: str | None) -> C
              Cmd.of("git", "clone", "-q", "--branch", branch, "--", remote, checkout).render()]
     if pin:
         parts.append(Cmd.of("git", "-C", checkout, "reset", "-q", "--hard", pin).render())
-    return script(" && ".join(parts))
+    return script(" && ".join(parts)).owned_by(checkout)  # a new clone belongs to its directory's owner
 
 
 def normalise_remote(url: str) -> str:

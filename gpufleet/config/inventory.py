@@ -5,12 +5,13 @@ from __future__ import annotations
 import fnmatch
 
 import ipaddress
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from gpufleet.config.util import (LocalPath, RemotePath, check_name, deep_merge, read_toml,
                                   unknown_key_problem, validation_error)
@@ -71,6 +72,31 @@ class Host(BaseModel):
     gpus: GpuExpectation = GpuExpectation()
     groups: list[str] = []
     stack_overrides: dict[str, Any] = {}
+    # Become: a non-root login runs privileged commands through sudo (gpufleet/engine/become.py).
+    become: bool = False
+    become_user: str = "root"
+    become_password_file: LocalPath | None = None  # the sudo password, first line of a file
+    become_password_env: str | None = None  # or an environment variable of the control node
+    _become_password: str | None = PrivateAttr(default=None)  # read at load time; never dumped or shown
+
+    @property
+    def become_password(self) -> str | None:
+        """The sudo password (from become_password_file or become_password_env), None when sudo needs none."""
+        return self._become_password
+
+    @field_validator("become_user")
+    @classmethod
+    def _become_user(cls, v: str) -> str:
+        if not _USER_RE.match(v):
+            raise ValueError("must be a plain user name")
+        return v
+
+    @field_validator("become_password_env")
+    @classmethod
+    def _become_env(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError("must be an environment variable's name")
+        return v
 
     @field_validator("address")
     @classmethod
@@ -152,9 +178,15 @@ def load_inventory(path: str | Path) -> Inventory:
         raise ConfigError(str(p), "defines no hosts (add [hosts.<name>] tables)")
     hosts = {name: _host(p, name, defaults, entry, ctx) for name, entry in hosts_raw.items()}
     groups = _resolve_groups(p, hosts, declared)
-    hosts = {n: h.model_copy(update={"groups": [g for g in groups if n in groups[g]]}) for n, h in hosts.items()}
+    hosts = {n: _with_groups(h, [g for g in groups if n in groups[g]]) for n, h in hosts.items()}
     _check_jumps(p, hosts)
     return Inventory(path=p, settings=settings, hosts=hosts, groups=groups)
+
+
+def _with_groups(host: Host, groups: list[str]) -> Host:
+    copy = host.model_copy(update={"groups": groups})
+    copy._become_password = host._become_password
+    return copy
 
 
 def _table(path: Path, parent: dict, key: str, host: str | None, prefix: str = "") -> dict[str, Any]:
@@ -208,9 +240,43 @@ def _host(path: Path, name: str, defaults: dict, entry: object, ctx: dict) -> Ho
                       {k: v for k, v in entry.items() if k != "stack"})
     overrides = deep_merge(_table(path, defaults, "stack", name, "defaults."), _table(path, entry, "stack", name))
     try:
-        return Host.model_validate({**data, "name": name, "stack_overrides": overrides}, context=ctx)
+        host = Host.model_validate({**data, "name": name, "stack_overrides": overrides}, context=ctx)
     except ValidationError as exc:
         raise validation_error(exc, path, Host, host=name) from None
+    host._become_password = _become_password(path, host)
+    return host
+
+
+def _become_password(path: Path, host: Host) -> str | None:
+    """The sudo password a host's become settings name, read now: every mistake is a ConfigError before any
+    connection (never a prompt: a parallel run has no one to answer it)."""
+    pw_file, pw_env = host.become_password_file, host.become_password_env
+    if pw_file is not None and pw_env is not None:
+        raise ConfigError(str(path), "set become_password_file or become_password_env, not both", host=host.name,
+                          field="become_password_env", value=pw_env, has_value=True)
+    if (pw_file is not None or pw_env is not None) and not host.become:
+        fld = "become_password_file" if pw_file is not None else "become_password_env"
+        raise ConfigError(str(path), "a sudo password is only used with become = true", host=host.name,
+                          field=fld, value=str(pw_file) if pw_file is not None else pw_env, has_value=True)
+    if pw_file is not None:
+        try:
+            text = Path(pw_file).read_text()
+        except OSError as exc:
+            raise ConfigError(str(path), f"cannot read the sudo password file: {exc.strerror or exc}",
+                              host=host.name, field="become_password_file", value=str(pw_file),
+                              has_value=True) from None
+        password = text.splitlines()[0] if text.splitlines() else ""
+        if not password:
+            raise ConfigError(str(path), "the sudo password file is empty", host=host.name,
+                              field="become_password_file", value=str(pw_file), has_value=True)
+        return password
+    if pw_env is not None:
+        password = os.environ.get(pw_env)
+        if not password:
+            raise ConfigError(str(path), "the environment variable holding the sudo password is unset or empty",
+                              host=host.name, field="become_password_env", value=pw_env, has_value=True)
+        return password
+    return None
 
 
 def _resolve_groups(path: Path, hosts: dict[str, Host], declared: dict[str, list[str]]) -> dict[str, list[str]]:

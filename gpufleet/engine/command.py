@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Union
+
+from gpufleet import remote
 
 MASK = "********"
 
@@ -41,15 +43,27 @@ def _quote(part: Part, masked: bool) -> str:
 
 @dataclass(frozen=True)
 class Cmd:
-    """One remote command: argv parts, optional environment, working directory and stdin-free execution."""
+    """One remote command: argv parts, optional environment, working directory and stdin-free execution.
+
+    login: a read needing no privilege; on a `become` host it runs as the login user, not through sudo.
+    keep_owner: paths (a venv, a checkout) whose owner keeps what the command creates under them
+    (`remote/keep_owner.sh`: root's new files handed back to a non-root owner; nothing changes for root's paths).
+    """
 
     argv: tuple[Part, ...]
     env: tuple[tuple[str, Part], ...] = ()
     cwd: str | None = None
+    login: bool = False
+    keep_owner: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, *argv: Part, env: dict[str, Part] | None = None, cwd: str | None = None) -> "Cmd":
-        return cls(tuple(argv), tuple(sorted((env or {}).items())), cwd)
+    def of(cls, *argv: Part, env: dict[str, Part] | None = None, cwd: str | None = None, login: bool = False,
+           keep_owner: tuple[str, ...] | list[str] = ()) -> "Cmd":
+        return cls(tuple(argv), tuple(sorted((env or {}).items())), cwd, login, tuple(keep_owner))
+
+    def owned_by(self, *paths: str) -> "Cmd":
+        """This command, keeping the owners of paths (see keep_owner)."""
+        return replace(self, keep_owner=tuple(dict.fromkeys(self.keep_owner + paths)))
 
     def _render(self, masked: bool) -> str:
         text = " ".join(_quote(p, masked) for p in self.argv)
@@ -58,6 +72,10 @@ class Cmd:
             text = f"env {assigns} {text}"
         if self.cwd:
             text = f"cd {shlex.quote(self.cwd)} && {text}"
+        if self.keep_owner:
+            paths = " ".join(shlex.quote(p) for p in self.keep_owner)
+            wrapper = "<keep_owner.sh>" if masked else shlex.quote(remote.text("keep_owner.sh"))
+            text = f"bash -c {wrapper} keep-owner {paths} -- {shlex.quote(text)}"
         return text
 
     def render(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -13,9 +14,10 @@ from typing import Callable
 import paramiko
 from fabric import Config, Connection
 
+from gpufleet.engine import become as become_mod
 from gpufleet.engine import openssh
 from gpufleet.engine.command import Cmd, mask
-from gpufleet.errors import HostKeyError, RemoteCommandError, UnreachableError
+from gpufleet.errors import GpufleetError, HostKeyError, RemoteCommandError, UnreachableError
 from gpufleet.engine.output import HostLines
 
 TAIL_LINES = 30
@@ -69,7 +71,9 @@ class HostSession:
     def __init__(self, host, settings, *, secrets: tuple[str, ...] = (), gateway: "HostSession | None" = None):
         self.host = host
         self.settings = settings
-        self.secrets = tuple(secrets)
+        self.become = become_mod.Become.of(host)
+        password = self.become.password if self.become else None
+        self.secrets = tuple(secrets) + ((password,) if password else ())
         self.gateway = gateway
         self.conn: Connection | None = None
         self.results: list[Result] = []
@@ -149,6 +153,12 @@ class HostSession:
         conn.transport.set_keepalive(int(self.settings.keepalive))
         _give_up_on_dead_link(conn.transport, int(self.settings.keepalive))
         self.conn = conn
+        if self.become is not None:
+            try:
+                become_mod.prove(self, self.become)  # before anything else runs: one clear error, never a hang
+            except BaseException:
+                self.close()
+                raise
         return self
 
     def close(self) -> None:
@@ -176,6 +186,7 @@ class HostSession:
         if not self.alive:
             self.open()
         secrets = self.secrets + tuple(cmd.secrets())
+        wired = self.wire(cmd)
         shown = cmd.display()
         # Mask whole lines, not chunks: a secret may straddle two reads.
         lines = HostLines(self.name, sink=lambda line: echo(mask(line, secrets))) if echo else None
@@ -186,7 +197,10 @@ class HostSession:
         try:
             chan.set_combine_stderr(True)
             chan.settimeout(timeout if timeout else None)
-            chan.exec_command(cmd.render())
+            chan.exec_command(wired.text)
+            if wired.stdin:
+                chan.sendall(wired.stdin)
+                chan.shutdown_write()  # sudo -S reads one line; EOF after it, so a wrong password cannot hang
             decoder = _Utf8Decoder()
             while True:
                 data = chan.recv(32768)
@@ -221,11 +235,19 @@ class HostSession:
             self.open()
         return self.conn.transport
 
+    def wire(self, cmd: Cmd) -> become_mod.Wire:
+        """cmd as this host runs it: through sudo on a become host (see engine/become.py), else as rendered."""
+        return become_mod.wire(cmd, self.become)
+
     def channel(self, cmd: Cmd) -> paramiko.Channel:
-        """A new exec channel running cmd, for callers that stream its stdin and stdout themselves; close it after."""
+        """A new exec channel running cmd, for callers that stream its stdin and stdout themselves; close it after.
+        On a become host with a sudo password, the password line is already sent: the caller's stdin follows it."""
         chan = self._open_transport().open_session()
         try:
-            chan.exec_command(cmd.render())
+            wired = self.wire(cmd)
+            chan.exec_command(wired.text)
+            if wired.stdin:
+                chan.sendall(wired.stdin)
         except BaseException:
             chan.close()
             raise
@@ -240,28 +262,94 @@ class HostSession:
         return self.conn.sftp()
 
     def put(self, local, remote: str) -> None:
-        """Copy a local file to remote over SFTP, atomically (written as remote.part, then renamed)."""
+        """Copy a local file to remote over SFTP, atomically (written as remote.part, then renamed). On a become
+        host SFTP runs as the login user: the file goes to a private temp path, then a privileged move puts it."""
         sftp = self._sftp()
+        if self.become is not None:
+            tmp = self._login_temp()
+            try:
+                sftp.put(str(local), tmp)
+                self._place(tmp, remote, 0o644)
+            finally:
+                self._drop(tmp)
+            return
         sftp.put(str(local), remote + ".part")
         sftp.posix_rename(remote + ".part", remote)
 
     def get(self, remote: str, local) -> None:
         """Copy remote to a local file over SFTP; OSError (FileNotFoundError) when the host has no such file."""
+        if self.become is not None:
+            with self._readable_copy(remote) as tmp:
+                self._sftp().get(tmp, str(local))
+            return
         self._sftp().get(remote, str(local))
 
     def get_text(self, remote: str) -> str:
         """The text of a remote file, read over SFTP; OSError (FileNotFoundError) when there is none."""
+        if self.become is not None:
+            with self._readable_copy(remote) as tmp, self._sftp().open(tmp) as f:
+                return f.read().decode()
         with self._sftp().open(remote) as f:
             return f.read().decode()
 
     def put_text(self, text: str, remote_path: str, mode: int = 0o644) -> None:
         """Write a file on the host atomically (temp file + rename), with the given mode, over SFTP."""
         sftp = self._sftp()
+        if self.become is not None:
+            tmp = self._login_temp()
+            try:
+                with sftp.file(tmp, "w") as f:
+                    f.write(text.encode())
+                self._place(tmp, remote_path, mode)
+            finally:
+                self._drop(tmp)
+            return
         tmp = f"{remote_path}.gpufleet-tmp"
         with sftp.file(tmp, "w") as f:
             f.write(text.encode())
         sftp.chmod(tmp, mode)
         sftp.posix_rename(tmp, remote_path)
+
+    # ---- SFTP on a become host: the login user's temp file, a privileged move or copy -------------------------------
+    def _login_temp(self) -> str:
+        """A new empty file only the login user can read (mktemp: 0600)."""
+        return self.run(Cmd.of("mktemp", "/tmp/.gpufleet-sftp.XXXXXXXX", login=True), step="sftp").output.strip()
+
+    def _drop(self, tmp: str) -> None:
+        try:
+            self.run(Cmd.of("rm", "-f", "--", tmp, login=True), step="sftp", check=False)
+        except GpufleetError:
+            pass
+
+    def _place(self, tmp: str, remote: str, mode: int) -> None:
+        """Privileged: tmp's content at remote, atomically, with mode; owned by root, or by the owner of remote's
+        directory when that is someone else (a file in the login user's own directory stays theirs)."""
+        self.run(Cmd.of("bash", "-c", _PLACE, "place", tmp, remote, f"{mode:o}"), step="sftp")
+
+    @contextlib.contextmanager
+    def _readable_copy(self, remote: str):
+        """Privileged: a copy of remote that the login user can read; FileNotFoundError when there is none."""
+        login = self.host.user or ""
+        result = self.run(Cmd.of("bash", "-c", _READABLE, "readable", remote, login), step="sftp", check=False)
+        if result.exit_code == 3:
+            raise FileNotFoundError(2, "No such file", remote)
+        if result.exit_code != 0:
+            raise RemoteCommandError(result, None)
+        tmp = result.output.strip().splitlines()[-1]
+        try:
+            yield tmp
+        finally:
+            self._drop(tmp)
+
+
+# $1 temp file (the login user's), $2 target, $3 octal mode
+_PLACE = r"""d=$(dirname -- "$2"); o=$(stat -c %u:%g -- "$d") || exit 1
+part="$2.gpufleet-tmp"; cp -- "$1" "$part" && chown "$o" -- "$part" && chmod "$3" -- "$part" && mv -f -- "$part" "$2"
+"""
+# $1 the file, $2 the login user: prints a temp copy only the login user can read; exit 3 when there is no file
+_READABLE = r"""[ -f "$1" ] || exit 3
+t=$(mktemp /tmp/.gpufleet-sftp.XXXXXXXX) && cp -- "$1" "$t" && chown -- "${2:-$SUDO_USER}" "$t" && echo "$t"
+"""
 
 
 def _give_up_on_dead_link(transport, keepalive: int) -> None:

@@ -210,7 +210,8 @@ def snapshot(session, run: RunInfo) -> str:
                            "command": run.command, "venv": host.venv, "checkout": host.sglang_checkout,
                            "unit": unit_name(host.service)}, sort_keys=True)
     cmd = Cmd.of("bash", "-c", remote.text("snapshot.sh"), "snapshot", host.venv, host.sglang_checkout,
-                 unit_name(host.service), now.strftime("%Y%m%dT%H%M%SZ"), manifest)
+                 unit_name(host.service), now.strftime("%Y%m%dT%H%M%SZ"), manifest,
+                 keep_owner=(host.venv, host.sglang_checkout))  # git diff may refresh the checkout's index
     result = session.run(cmd, step="snapshot")
     return result.output.strip().splitlines()[-1]
 

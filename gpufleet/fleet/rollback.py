@@ -70,14 +70,14 @@ def restore(session, info: SnapshotInfo, say=print) -> str:
         say(f"restoring {info.path}")
         cmd = Cmd.of("bash", "-c", remote.text("snapshot_restore.sh"), "restore", info.path, host.venv,
                      host.sglang_checkout,
-                     unit_name(host.service))
+                     unit_name(host.service), keep_owner=(host.venv, host.sglang_checkout))
         result = session.run(cmd, step="rollback", check=False, timeout=3600)
         if result.exit_code != 0:
             what = _WHAT.get(result.exit_code, f"exit code {result.exit_code}")
             raise RollbackError(f"host {host.name}: rollback to {info.path} failed restoring {what}:\n"
                                 f"{result.tail()}")
         check = session.run(Cmd.of("bash", "-c", remote.text("snapshot_check.sh"), "check", info.path, host.venv,
-                                   host.sglang_checkout),
+                                   host.sglang_checkout, keep_owner=(host.venv, host.sglang_checkout)),
                             step="rollback: compare with snapshot", check=False)
         if check.exit_code != 0:
             raise RollbackError(f"host {host.name}: after rollback the host differs from {info.path}:\n{check.tail()}")

@@ -6,6 +6,7 @@
 # $5... candidate directories, newest layout last.
 co=$1 full=$2 installed=$3 record=$4
 shift 4
+export GIT_OPTIONAL_LOCKS=0  # a read never rewrites the checkout's index (it may belong to another user)
 g() { git -c safe.directory='*' -C "$co" "$@"; }
 for d in "$@"; do
     name=$(g show "HEAD:$d/pyproject.toml" 2>/dev/null | sed -n 's/^name *= *"\([^"]*\)".*/\1/p' | head -n 1)

@@ -4,6 +4,7 @@
 # Expects from the caller: co (the checkout), nock (exit code when $co is no git checkout; 0 for a status probe);
 # a status probe also sets ref (origin's branch ref) and upref (a pinned commit).
 set -u
+export GIT_OPTIONAL_LOCKS=0  # a read never rewrites the checkout's index (it may belong to another user)
 g() { git -c safe.directory='*' -c core.quotepath=false -C "$co" "$@"; }
 if ! g rev-parse --git-dir >/dev/null 2>&1; then echo "@@error $co is not a git checkout"; exit "${nock:-0}"; fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpufleet-patches.XXXXXX") \

@@ -26,6 +26,7 @@ fi
 if [ -d "$venv" ]; then
     cp -al -- "$venv" "$d/venv" 2>/dev/null || { rm -rf -- "$d/venv"; cp -a -- "$venv" "$d/venv"; } || exit 6
 fi
+export GIT_OPTIONAL_LOCKS=0  # a read never rewrites the checkout's index (it may belong to another user)
 g() { git -c safe.directory='*' -c core.quotepath=false -C "$co" "$@"; }
 if [ -d "$co" ] && [ "$(g rev-parse --show-toplevel 2>/dev/null)" = "$(cd "$co" && pwd -P)" ]; then
     g rev-parse HEAD > "$d/git-head" || exit 5

@@ -7,6 +7,7 @@ if [ -f "$d/pip-freeze.txt" ]; then
     if ! diff -u "$d/pip-freeze.txt" /tmp/gpufleet-freeze.$$; then rm -f /tmp/gpufleet-freeze.$$; exit 1; fi
     rm -f /tmp/gpufleet-freeze.$$
 fi
+export GIT_OPTIONAL_LOCKS=0  # a read never rewrites the checkout's index (it may belong to another user)
 g() { git -c safe.directory='*' -C "$co" "$@"; }
 if [ -f "$d/git-head" ]; then
     [ "$(g rev-parse HEAD)" = "$(cat "$d/git-head")" ] || { echo "HEAD is not $(cat "$d/git-head")"; exit 1; }

@@ -17,7 +17,8 @@ from gpufleet.sim import nvidia_smi, system
 from gpufleet.sim.system import sh
 # One fleet per (prefix, subnet), its addresses and shared paths: in layout.py, which the inventory renderer reads too.
 from gpufleet.sim.layout import (BRIDGE, CHECKOUT, CONTROL_ADDR, GIT_PORT, GITHUB_ADDR, GITHUB_PORT, HOME_DIR,
-                                 INDEX_PORT, MODEL_PATH, PREFIX, RUN_DIR, SUBNET, VENV, VETH_PREFIX)
+                                 INDEX_PORT, MODEL_PATH, PREFIX, RUN_DIR, SIM_USERS, SUBNET, SUDO_PASSWORD,
+                                 SUDOERS, VENV, VETH_PREFIX)
 
 NSPAWN_MARKER = "systemd-nspawn"
 
@@ -89,6 +90,7 @@ class SimFleet:
         self.state_path = self.run_dir / "state.json"
         self.known_hosts = self.run_dir / "known_hosts"
         self.client_key = self.home_dir / "id_ed25519"
+        self.sudo_password_file = self.home_dir / "sudo-password"  # opspw's sudo password (layout.SUDO_PASSWORD)
         self.logs = self.run_dir / "logs"
 
     # ---- paths and addresses -------------------------------------------------------------------------------------
@@ -278,6 +280,8 @@ class SimFleet:
         from gpufleet.sim import index, upstream, wheels
 
         self.home_dir.mkdir(parents=True, exist_ok=True)
+        self.sudo_password_file.write_text(SUDO_PASSWORD + "\n")
+        self.sudo_password_file.chmod(0o600)
         if not self.client_key.exists():
             sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpufleet-sim", "-f", str(self.client_key))
         stamp = self.wheels_dir / ".source-hash"
@@ -349,7 +353,8 @@ class SimFleet:
             self._add_model_dir(root)
             upstream.clone_with_local_edits(self.upstream_bare, root / CHECKOUT.lstrip("/"))
             sh("git", "-C", str(root / CHECKOUT.lstrip("/")), "remote", "set-url", "origin", self.upstream_url)
-            self._chroot(root, _TEMPLATE_SCRIPT.format(venv=VENV, wheels=self.wheels_dir, checkout=CHECKOUT))
+            self._chroot(root, _TEMPLATE_SCRIPT.format(venv=VENV, wheels=self.wheels_dir, checkout=CHECKOUT)
+                         + _USERS_SCRIPT.format(users=" ".join(SIM_USERS), password=SUDO_PASSWORD))
         finally:
             system.unmount_all(root)
         shutil.rmtree(tdir / "work", ignore_errors=True)
@@ -372,6 +377,11 @@ class SimFleet:
                 conf.unlink()
         for key in (root / "etc/ssh").glob("ssh_host_*"):
             key.unlink()
+        # sudo for the non-root logins (SIM_USERS); the users themselves are added in the chroot (_USERS_SCRIPT)
+        sudoers = root / "etc/sudoers.d/gpufleet-sim"
+        sudoers.parent.mkdir(parents=True, exist_ok=True)
+        sudoers.write_text(SUDOERS)
+        sudoers.chmod(0o440)
         smi = root / "usr/bin/nvidia-smi"
         shutil.copy(nvidia_smi.__file__, smi)
         smi.chmod(0o755)
@@ -446,6 +456,18 @@ class SimFleet:
         auth = ssh_dir / "authorized_keys"
         auth.write_text(Path(str(self.client_key) + ".pub").read_text())
         auth.chmod(0o600)
+        for user in SIM_USERS:  # the same client key logs in as each non-root user
+            home = root / "home" / user
+            pw = {line.split(":")[0]: line.split(":") for line in (root / "etc/passwd").read_text().splitlines()}
+            uid, gid = int(pw[user][2]), int(pw[user][3])
+            (home / ".ssh").mkdir(mode=0o700, exist_ok=True)
+            (home / ".ssh/authorized_keys").write_text(auth.read_text())
+            for path in (home / ".ssh", home / ".ssh/authorized_keys"):
+                os.chown(path, uid, gid)
+            (home / ".ssh/authorized_keys").chmod(0o600)
+        # sudo warns on every call when the host cannot resolve its own name
+        hosts = root / "etc/hosts"
+        hosts.write_text(hosts.read_text() + f"127.0.1.1 {host.name}\n")
         gpus = dict(BLACKWELL, uuid_seed=host.name)
         (root / "etc/gpufleet-sim/gpus.json").write_text(json.dumps(gpus))
 
@@ -485,6 +507,14 @@ _TEMPLATE_SCRIPT = """
     'flashinfer-jit-cache==0.6.4+cu130' 'sgl-kernel==0.3.16' wheel
 {venv}/bin/pip install -q --no-index --find-links {wheels} --disable-pip-version-check \
     --no-build-isolation --no-deps -e {checkout}/python
+"""
+
+_USERS_SCRIPT = """
+for u in {users}; do
+    id -u "$u" >/dev/null 2>&1 || useradd -m -s /bin/bash "$u"
+    echo "$u:{password}" | chpasswd
+    printf '# ~/.bashrc of a simulated GPU server\n' > "/home/$u/.bashrc"
+done
 """
 
 

@@ -24,3 +24,16 @@ GITHUB_PORT = 19000 + int(SUBNET.split(".")[1])  # one per fleet: loopback is sh
 VENV = "/root/venv"
 CHECKOUT = "/root/sglang-main"
 MODEL_PATH = "/models/Qwen3.5-397B-A17B-NVFP4"
+# Non-root logins on every simulated host (the client key in each one's authorized_keys; root login stays allowed):
+# `ops` may sudo anything without a password, `opspw` with its password (SUDO_PASSWORD_FILE), `opsno` may sudo
+# only `systemctl status` (a sudoers rule that refuses what gpufleet asks).
+SUDO_NOPASSWD_USER = "ops"
+SUDO_PASSWORD_USER = "opspw"
+SUDO_REFUSED_USER = "opsno"
+SIM_USERS = (SUDO_NOPASSWD_USER, SUDO_PASSWORD_USER, SUDO_REFUSED_USER)
+SUDO_PASSWORD = "sim-sudo-password"
+SUDOERS = (f"{SUDO_NOPASSWD_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"
+           f"{SUDO_PASSWORD_USER} ALL=(ALL:ALL) ALL\n"
+           # no authentication for opsno: sudo answers "not allowed" at once instead of asking for a password
+           f"Defaults:{SUDO_REFUSED_USER} !authenticate\n"
+           f"{SUDO_REFUSED_USER} ALL=(root) NOPASSWD: /usr/bin/systemctl status *\n")

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import paramiko
 
 from gpufleet.config.inventory import Host
+from gpufleet.engine.become import Become, wire
 from gpufleet.engine.command import Cmd, mask
 from gpufleet.engine.output import HostLines
 from gpufleet.engine.ssh import Result
@@ -157,10 +158,15 @@ class FakeSession:
             raise FileNotFoundError(2, "No such file", remote)
         return self.files[remote]
 
+    def wire(self, cmd: Cmd):
+        """cmd as the host would run it (engine/become.py), with the host's become settings."""
+        return wire(cmd, Become.of(self.host))
+
     def channel(self, cmd: Cmd) -> FakeChannel:
         self.calls.append(("channel", cmd))
         result = self.answer("channel", cmd)
         chan = FakeChannel(result.output, result.exit_code)
+        chan.sendall(self.wire(cmd).stdin)  # as HostSession.channel: a become host's password line goes first
         self.channels.append(chan)
         return chan
 

@@ -305,10 +305,13 @@ def write_stream(sink, items: list[PushItem], done: Callable[[PushItem, int, flo
 
 
 def _send_openssh(session, items, done) -> tuple[str, str]:
-    argv = openssh_argv(session, receive_command(items).render())
+    wired = session.wire(receive_command(items))  # through sudo on a become host, as the session's own commands
+    argv = openssh_argv(session, wired.text)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err)
         try:
+            if wired.stdin:
+                _FdSink(proc.stdin.fileno()).write(wired.stdin)
             write_stream(_FdSink(proc.stdin.fileno()), items, done)
         except BrokenPipeError:
             pass  # ssh went away: its stderr and the missing verdicts below say why
