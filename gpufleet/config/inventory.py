@@ -17,7 +17,7 @@ from gpufleet.config.util import (LocalPath, RemotePath, check_name, deep_merge,
                                   unknown_key_problem, validation_error)
 from gpufleet.errors import ConfigError
 
-_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
+_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)  # 1e400 is inf in TOML
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _JUMP_RE = re.compile(r"^(?P<user>[^@\s]+)@(?P<host>\[[0-9A-Fa-f:.]+\]|[^@\s:\[\]]+)(?::(?P<port>\d{1,5}))?$")
@@ -30,12 +30,12 @@ class Settings(BaseModel):
 
     model_config = _STRICT
     parallelism: int = Field(16, ge=1)
-    connect_timeout: float = Field(10.0, gt=0)
-    keepalive: float = Field(15.0, ge=0)  # seconds; 0 turns keepalive off
+    connect_timeout: float = Field(10.0, gt=0, le=3600)
+    keepalive: float = Field(15.0, ge=0, le=3600)  # seconds; 0 turns keepalive off
     known_hosts: LocalPath = Path("~/.ssh/known_hosts").expanduser()
     ssh_config: LocalPath | None = Path("~/.ssh/config").expanduser()  # where unset port/user come from
     accept_new_host_keys: bool = False
-    command_timeout: float | None = Field(None, gt=0)
+    command_timeout: float | None = Field(None, gt=0, le=7 * 86400)
     snapshots_keep: int = Field(5, ge=1)  # per host, pruned after a successful run; never the one it just took
 
 

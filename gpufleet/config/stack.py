@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 PYPI = "https://pypi.org/simple"
 TORCH_INDEX = "https://download.pytorch.org/whl/nightly/cu130"
 FLASHINFER_CU130 = "https://flashinfer.ai/whl/cu130"
-_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
+_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)  # 1e400 is inf in TOML
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _WORD = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:+-]*$")
 
@@ -281,7 +281,7 @@ class ServerStack(Section):
     tool_call_parser: str | None = "qwen3_coder"
     env: dict[EnvName, str] = {"SGLANG_ENABLE_SPEC_V2": "True", "SGLANG_ENABLE_JIT_DEEPGEMM": "0"}
     extra_args: list[str] = []
-    health_timeout: float = Field(1800, gt=0)
+    health_timeout: float = Field(1800, gt=0, le=86400)
     smoke_prompt: str = "What is the capital of France? Answer with one word."
     smoke_expect: str = "Paris"
 
@@ -344,7 +344,7 @@ class ProbeStack(Section):
     answer_max_tokens: int = Field(64, ge=1)
     throughput_prompt: str = "Write a detailed essay on the history of the printing press."
     throughput_max_tokens: int = Field(512, ge=1)
-    health_timeout: float = Field(1800, gt=0)  # per candidate: from its start to /health 200
+    health_timeout: float = Field(1800, gt=0, le=86400)  # per candidate: from its start to /health 200
 
     _d = field_validator("attention_backends", "moe_runner_backends", "fp4_gemm_backends", "speculative")(_distinct)
 

@@ -360,3 +360,14 @@ def test_select_empty(tmp_path: Path) -> None:
     inv = load(tmp_path, VALID)
     with pytest.raises(ConfigError, match="empty host selection"):
         select_hosts(inv, " , ")
+
+
+@pytest.mark.parametrize("line, field", [
+    ("connect_timeout = 1e400", "settings.connect_timeout"),  # TOML reads 1e400 as inf
+    ("keepalive = inf", "settings.keepalive"),
+    ("command_timeout = nan", "settings.command_timeout"),
+    ("connect_timeout = 1e300", "settings.connect_timeout"),  # finite, but no socket waits that long
+])
+def test_numbers_that_are_not_finite_or_absurd_are_named(tmp_path: Path, line: str, field: str) -> None:
+    err = error(tmp_path, f"[settings]\n{line}\n" + host_toml())
+    assert_names(err, f"field '{field}'")
