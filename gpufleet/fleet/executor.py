@@ -226,12 +226,12 @@ class _HostRun:
     def apply(self) -> None:
         run = self.up.run
         try:
-            if not self.up.host_lock_held:
-                hoststate.claim_host(self.session, run)
+            if not self.up.host_lock_held and (note := hoststate.claim_host(self.session, run)):
+                self.say(note)
         except HostClaimedError as exc:
             self.report.outcome, self.report.error = "locked", str(exc)
-            self.report.next_step = (f"wait for that run to finish; if it is gone for good, remove "
-                                     f"{hoststate.LOCK_DIR} on {self.session.name} and run again")
+            self.report.next_step = (f"wait for that run to finish; if it is gone for good, `inv unlock --host "
+                                     f"{self.session.name}` (it shows the holder) and run again")
             self.audit()
             return
         except GpufleetError as exc:

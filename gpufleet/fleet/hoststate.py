@@ -78,14 +78,38 @@ def describe_holder(text: str) -> str:
     return values["holder"] + (f" ({', '.join(details)})" if details else "")
 
 
-def claim_host(session, run: RunInfo) -> None:
-    """Take the host's lock by an atomic mkdir; refuse with the holder's details when another run has it."""
+def claim_host(session, run: RunInfo) -> str | None:
+    """Take the host's lock by an atomic mkdir; refuse with the holder's details when another run has it.
+
+    A lock whose holder provably died (taken from this control node by a pid that no longer runs, or runs as another
+    process now) is taken over, its token checked so a lock that changed hands meanwhile is never broken; returns
+    what was taken over, for the caller to say. A holder that may live, or one on another control node, refuses."""
     cmd = Cmd.of("bash", "-c", remote.text("host_claim.sh"), "lock", run.holder_text(), LOCK_DIR, str(_HELD))
     result = session.run(cmd, step="lock", check=False)
     if result.exit_code == _HELD:
-        raise HostClaimedError(session.name, describe_holder(result.output))
+        claim = Claim(result.output)
+        state, why = liveness(claim)
+        if state != "stale" or "holder" not in claim.values:  # no holder file: a live run may be writing it now
+            raise HostClaimedError(session.name, f"{claim.described} ({why})")
+        try:
+            break_claim(session, claim)
+        except ClaimChanged:
+            raise HostClaimedError(session.name, describe_holder(read_claim_text(session))) from None
+        result = session.run(cmd, step="lock", check=False)
+        if result.exit_code == _HELD:
+            raise HostClaimedError(session.name, describe_holder(result.output))
+        if result.exit_code != 0:
+            raise RemoteCommandError(result, cmd)
+        return f"took over a stale lock: {claim.described}: {why}"
     if result.exit_code != 0:
         raise RemoteCommandError(result, cmd)
+    return None
+
+
+def read_claim_text(session) -> str:
+    """The holder file of the host's lock as it is now (empty when free or without one)."""
+    claim = read_holder(session)
+    return claim.text if claim else ""
 
 
 def release_claim(session, run: RunInfo) -> None:

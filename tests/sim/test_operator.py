@@ -1,4 +1,4 @@
-"""End to end on the simulated fleet: `inv unlock` (stale, live, forced), `inv upgrade --only` on one host with the
+"""End to end on the simulated fleet: a stale lock taken over by the next run, `inv unlock` (stale, live, forced), `inv upgrade --only` on one host with the
 plan showing skipped roles, a refused dependency, snapshot retention and `inv snapshots`."""
 
 from __future__ import annotations
@@ -43,9 +43,14 @@ def test_unlock_removes_a_stale_lock_refuses_a_live_one_unless_forced(fleet):
 
     gone = subprocess.Popen(["true"])
     gone.wait()
+    # a lock whose holder provably died on this control node: the next run takes it over and says so
     hold(fleet, gone.pid, "2026-12-02T10:00:00Z")
-    proc = inv("upgrade", "--host", HOST, "--inventory", path)
-    assert proc.returncode == 1 and f"locked by alice@{os.uname().nodename} (pid {gone.pid}" in proc.stdout
+    proc = inv("upgrade", "--host", HOST, "--inventory", path, "--only", "flashinfer")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert f"took over a stale lock: alice@{os.uname().nodename} (pid {gone.pid}" in proc.stdout
+    assert f"pid {gone.pid} no longer runs on" in proc.stdout and not locked(fleet)
+    # `inv unlock` removes one too
+    hold(fleet, gone.pid, "2026-12-02T10:00:00Z")
     proc = inv("unlock", "--host", HOST, "--inventory", path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"locked by alice@{os.uname().nodename} (pid {gone.pid}" in proc.stdout
@@ -53,6 +58,9 @@ def test_unlock_removes_a_stale_lock_refuses_a_live_one_unless_forced(fleet):
 
     # live: this test's own process, which started before the lock was "taken"
     hold(fleet, os.getpid(), utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"))
+    proc = inv("upgrade", "--host", HOST, "--inventory", path, "--only", "flashinfer")
+    assert proc.returncode == 1 and f"is locked by alice@{os.uname().nodename} (pid {os.getpid()}" in proc.stdout
+    assert "still runs" in proc.stdout and locked(fleet)
     proc, rows = inv_json("unlock", "--host", HOST, "--inventory", path)
     assert proc.returncode == 1 and rows[0]["state"] == "live" and not rows[0]["removed"], rows
     assert "refusing to remove the lock" in rows[0]["message"] and locked(fleet)
