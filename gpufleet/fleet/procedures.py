@@ -127,6 +127,19 @@ class RollProcedures:
             # a partial upgrade is no proven whole stack: record no lock from it (a given --lock is still held to)
             result.steps.append("no fleet lock recorded (--only/--skip ran part of the stack)")
             return
+        if self.upgrader.lock is None and session.name not in self.handed:
+            # the canary's upgrade changed nothing: no wheel was handed over, so a lock recorded now would lose where
+            # its files came from; hold the roll to the newest lock this host matches, else record none
+            held = self._matching_lock(session)
+            if held is None:
+                result.steps.append("no fleet lock recorded (nothing changed on this host: no wheel provenance)")
+                return
+            self.upgrader.lock = self.planner.lock = held
+            self.summary.lock = str(held.path)
+            self.record.save()
+            log(f"{session.name} changed nothing and matches the fleet lock {held.path}: the roll is held to it")
+            result.steps.append(f"matches lock {Path(held.path).name}")
+            return
         if self.upgrader.lock is None:
             found = lockstate.record(session, st, wheels, self.command)
             path = lock.save(found, lock.locks_dir(self.repo / "locks"), self.summary.started)
@@ -142,6 +155,18 @@ class RollProcedures:
             raise StepFailed(f"{session.name} does not match the fleet lock {self.upgrader.lock.path}: "
                              + "; ".join(d.packages + d.other))
         result.steps.append(f"matches lock {Path(self.upgrader.lock.path).name}")
+
+    def _matching_lock(self, session) -> lock.FleetLock | None:
+        """The newest recorded fleet lock this host matches exactly, if any."""
+        directory = lock.locks_dir(self.repo / "locks")
+        for path in sorted(directory.glob("*.toml"), reverse=True) if directory.is_dir() else []:
+            try:
+                found = lock.load(path)
+            except GpufleetError:
+                continue  # an unreadable lock file is not one to hold a roll to
+            if lockstate.drift(session, found).matches:
+                return found
+        return None
 
     def recover(self, session, result, log) -> None:
         """Restore the snapshot taken before the host's upgrade; bring its server back healthy if it was running."""

@@ -108,6 +108,14 @@ def test_canary_records_the_lock_and_later_hosts_get_exactly_it_while_the_index_
     proc5, report5 = inv_json("status", "--hosts", "all", "--inventory", str(path), "--lock", str(recorded))
     assert proc5.returncode == 0 and all(r["matches"] for r in report5["hosts"]), report5
 
+    # an idempotent roll records no lock without provenance: its canary changed nothing and holds it to `recorded`
+    kept = sorted(locks.glob("*.toml"))
+    proc6, summary6 = inv_json("upgrade", "--hosts", "gpu1,gpu2", "--inventory", str(path))
+    assert proc6.returncode == 0, proc6.stdout[-3000:] + proc6.stderr[-3000:]
+    assert sorted(locks.glob("*.toml")) == kept and summary6["lock"] == str(recorded), summary6
+    steps6 = {r["host"]: r for r in summary6["results"]}
+    assert f"matches lock {recorded.name}" in steps6["gpu1"]["steps"] and steps6["gpu1"]["outcome"] == "unchanged"
+
     # every wheel came from the control node's cache, each fetched from the index once at most (earlier tests may
     # have filled the session's cache): the one published meanwhile exactly once, for gpu3
     files = assert_wheels_fetched_once_by_the_control_node(fleet, log_from)
