@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from gpufleet import roles as registry
+from gpufleet.errors import GpufleetError
 from gpufleet.facts.checks import gpu_problems
 from gpufleet.facts.packages import normalize_name
 from gpufleet.roleapi import Cell, columns, packages
+from gpufleet.roles import model_server
 
 
 def headings() -> dict[str, str]:
@@ -56,7 +58,7 @@ def _gpu_cell(facts, host) -> tuple[Cell, list[str]]:
     return Cell(f"{len(gpus)}x cc {'/'.join(caps)}", want, bool(problems)), problems
 
 
-def _service_cell(facts, host) -> Cell:
+def _service_cell(facts, host, stack) -> Cell:
     unit = facts.unit
     if unit is None:
         return Cell("?", "active", True, "unit state could not be read")
@@ -64,8 +66,21 @@ def _service_cell(facts, host) -> Cell:
         return Cell("no systemd", "active", True)
     if not unit.present:
         return Cell("absent", "active", True, f"{host.service}.service not installed")
-    return Cell(f"{unit.active}/{unit.enabled}", "active/enabled",
-                unit.active != "active" or unit.enabled != "enabled")
+    state = f"{unit.active}/{unit.enabled}"
+    if unit.sha256 and (wanted := _wanted_unit_sha256(facts, host, stack)) and unit.sha256 != wanted:
+        # running, but not what deploy-model would write: other server flags, model or environment
+        return Cell(state, "active/enabled", True, "the unit differs from what deploy-model writes from stack.toml")
+    return Cell(state, "active/enabled", unit.active != "active" or unit.enabled != "enabled")
+
+
+def _wanted_unit_sha256(facts, host, stack) -> str | None:
+    """The sha256 of the unit deploy-model would write for this host and stack (None when the venv's Python is
+    unknown: the unit names its site-packages)."""
+    try:
+        version = model_server.python_minor(facts.python_version, host.name)
+    except GpufleetError:
+        return None
+    return model_server.sha256(model_server.render_unit(host, stack, version))
 
 
 def compare(host, stack, facts) -> HostStatus:
@@ -76,7 +91,7 @@ def compare(host, stack, facts) -> HostStatus:
     status.problems += gpu_msgs
     for column in columns(registry.ROLES):
         status.cells[column.key] = column.cell(facts, stack)
-    status.cells["service"] = _service_cell(facts, host)
+    status.cells["service"] = _service_cell(facts, host, stack)
     return status
 
 
