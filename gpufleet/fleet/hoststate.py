@@ -94,7 +94,7 @@ def claim_host(session, run: RunInfo) -> str | None:
         try:
             break_claim(session, claim)
         except ClaimChanged:
-            raise HostClaimedError(session.name, describe_holder(read_claim_text(session))) from None
+            raise HostClaimedError(session.name, read_claim(session) or describe_holder("")) from None
         result = session.run(cmd, step="lock", check=False)
         if result.exit_code == _HELD:
             raise HostClaimedError(session.name, describe_holder(result.output))
@@ -104,12 +104,6 @@ def claim_host(session, run: RunInfo) -> str | None:
     if result.exit_code != 0:
         raise RemoteCommandError(result, cmd)
     return None
-
-
-def read_claim_text(session) -> str:
-    """The holder file of the host's lock as it is now (empty when free or without one)."""
-    claim = read_holder(session)
-    return claim.text if claim else ""
 
 
 def release_claim(session, run: RunInfo) -> None:
@@ -172,14 +166,15 @@ def _process_start(pid: int) -> float | None:
         return None
 
 
-def _pid_runs(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid runs on this control node (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return pid > 0
 
 
 def liveness(claim: Claim, here: str | None = None) -> tuple[str, str]:
@@ -203,7 +198,7 @@ def liveness(claim: Claim, here: str | None = None) -> tuple[str, str]:
                            f"{values.get('pid', '?')} still runs there")
     if pid <= 0:
         return "stale", "its holder file names no pid"
-    if not _pid_runs(pid):
+    if not pid_alive(pid):
         return "stale", f"pid {pid} no longer runs on {here}"
     began, taken = _process_start(pid), _started_epoch(values.get("started", ""))
     if began is not None and taken is not None and began > taken + 5:

@@ -14,6 +14,7 @@ from typing import Callable
 
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.engine.runner import for_each_host
+from gpufleet.fleet.hoststate import pid_alive
 
 # Outcomes of one host in a roll.
 DONE = ("ok", "unchanged")
@@ -143,16 +144,6 @@ class RunRecord:
                                    f"{r.output.rstrip()}\n")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid > 0
-
-
 def last_stopped(runs_dir: Path, kind: str, inventory: str = "") -> tuple[Path, RollSummary]:
     """The newest roll of this kind over this inventory that stopped (or was killed) before its end."""
     for path in sorted(Path(runs_dir).glob("*/summary.json"), reverse=True):
@@ -160,7 +151,7 @@ def last_stopped(runs_dir: Path, kind: str, inventory: str = "") -> tuple[Path, 
         if data.get("kind") != kind or (inventory and data.get("inventory", "") != inventory):
             continue
         summary = RollSummary.from_json(data)
-        if summary.status == "running" and _alive(summary.pid):
+        if summary.status == "running" and pid_alive(summary.pid):
             raise ConfigError(str(path), f"that `{kind}` roll is still running (pid {summary.pid})")
         if summary.status == "completed":
             break
