@@ -14,6 +14,20 @@ pytestmark = pytest.mark.sim
 DROP_IN = "etc/ssh/sshd_config.d/gpufleet-test-cert.conf"
 
 
+def _reload_sshd(fleet) -> None:
+    """Reload gpu1's sshd and wait until it answers again: a reload re-executes sshd, and the next test must not
+    find port 22 closed for that moment."""
+    import time
+
+    fleet.run_on("gpu1", "systemctl reload ssh")
+    time.sleep(1.0)  # reload only sends SIGHUP: sshd closes and reopens port 22 some moments later
+    deadline = time.monotonic() + 30
+    while fleet.run_on("gpu1", "true", check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise AssertionError("gpu1's sshd did not come back within 30 s of a reload")
+        time.sleep(0.2)
+
+
 def _pub(path: Path) -> str:
     return " ".join(Path(f"{path}.pub").read_text().split()[:2])
 
@@ -34,12 +48,12 @@ def certified_gpu1(sim_fleet, tmp_path):
     drop_in = root / DROP_IN
     drop_in.parent.mkdir(parents=True, exist_ok=True)
     drop_in.write_text("HostCertificate /etc/ssh/ssh_host_ed25519_key-cert.pub\n")
-    sim_fleet.run_on("gpu1", "systemctl reload ssh")
+    _reload_sshd(sim_fleet)
     try:
         yield ca, address
     finally:
         drop_in.unlink()
-        sim_fleet.run_on("gpu1", "systemctl reload ssh")
+        _reload_sshd(sim_fleet)
 
 
 def test_a_host_certificate_from_a_listed_authority_is_enough(sim_fleet, tmp_path, certified_gpu1):
@@ -128,7 +142,7 @@ def test_a_user_certificate_from_ssh_config_logs_in(sim_fleet, tmp_path):
     drop_in = root / "etc/ssh/sshd_config.d/gpufleet-test-user-ca.conf"
     drop_in.parent.mkdir(parents=True, exist_ok=True)
     drop_in.write_text("TrustedUserCAKeys /etc/ssh/gpufleet-test-user-ca.pub\n")
-    sim_fleet.run_on("gpu1", "systemctl reload ssh")
+    _reload_sshd(sim_fleet)
     try:
         config = tmp_path / "ssh_config"
         config.write_text(f"Host {sim_fleet.host('gpu1').address}\n  IdentityFile {key}\n  CertificateFile {cert}\n")
@@ -141,4 +155,4 @@ def test_a_user_certificate_from_ssh_config_logs_in(sim_fleet, tmp_path):
         assert rows[0]["reachable"] is True, rows[0].get("error")
     finally:
         drop_in.unlink()
-        sim_fleet.run_on("gpu1", "systemctl reload ssh")
+        _reload_sshd(sim_fleet)
