@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from gpufleet.kernel import buildcache
-from gpufleet.fleet import hoststate
+from gpufleet.fleet import hoststate, staging
 from gpufleet.wheels import push
 from gpufleet.engine.command import Cmd
 from gpufleet.errors import GpufleetError, RemoteCommandError
 from gpufleet.facts.checkout import redact_url
 from gpufleet.wheels.fetch import WheelCache, fetch_pip_wheel, sha256_of
 from gpufleet.facts.gather import gather_facts
+from gpufleet.facts.script import unit_name
 from gpufleet.fleet.hoststate import HostClaimedError, RunInfo
 from gpufleet.config.lock import FleetLock
 from gpufleet.fleet.lockstate import locked_stack
@@ -63,6 +64,8 @@ class HostReport:
     lock_holder: str | None = None  # dry run: another run holds the host's lock now
     seconds: float = 0.0
     wheels: list[dict] = field(default_factory=list)  # files handed over: name, version, filename, url, sha256
+    staged_venv: str | None = None  # where this run changed the venv before switching (or left it, on a failure)
+    server_stopped: str | None = None  # the unit this run stopped for the venv switch (deploy-model starts it)
 
     @property
     def ok(self) -> bool:
@@ -75,6 +78,7 @@ class HostReport:
         return {"host": self.host, "dry_run": self.dry_run, "outcome": self.outcome, "ok": self.ok,
                 "error": self.error, "next": self.next_step, "snapshot": self.snapshot,
                 "lock_holder": self.lock_holder, "seconds": round(self.seconds, 2),
+                "staged_venv": self.staged_venv, "server_stopped": self.server_stopped,
                 "changed": [f"{e.item.role}: {e.item.title}" for e in self.with_status("changed")],
                 "wheels": self.wheels,
                 "entries": [e.to_json() for e in self.entries]}
@@ -114,13 +118,38 @@ class Executor:
         return _HostRun(self, session, stack).go()
 
 
+class _Viewed:
+    """A session whose inventory host says another venv path: facts and plans read the staged venv through it."""
+
+    def __init__(self, session, host):
+        self._session, self.host = session, host
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
+def changes_venv(item) -> bool:
+    return isinstance(item, Step) and bool(item.commands or item.uploads) and "venv" in item.changes
+
+
 class _HostRun:
-    """The state of one host's run: its report, its facts, whether the snapshot was taken."""
+    """The state of one host's run: its report, its facts, whether the snapshot was taken, the staged venv."""
 
     def __init__(self, upgrade: Executor, session, stack):
         self.up, self.session, self.stack = upgrade, session, stack
         self.report = HostReport(session.name, upgrade.dry_run)
         self._resolver: Upload | None = None
+        self.stage: staging.Stage | None = None  # while set, roles plan and change the staged copy of the venv
+        self.stage_changed = False
+
+    @property
+    def host(self):
+        """The inventory host as roles see it: its venv is the staged copy while one is being changed."""
+        host = self.session.host
+        return host.model_copy(update={"venv": self.stage.path}) if self.stage else host
+
+    def read_facts(self):
+        return self.up.read_facts(_Viewed(self.session, self.host) if self.stage else self.session)
 
     def say(self, text: str) -> None:
         self.up.say(f"[{self.session.name}] {text}")
@@ -129,7 +158,7 @@ class _HostRun:
         return self.session.run(cmd, step=step, check=False, timeout=self.up.command_timeout)
 
     def context(self, facts) -> PlanContext:
-        return PlanContext(host=self.session.host, stack=self.stack, facts=facts, read=self.read, repo=self.up.repo,
+        return PlanContext(host=self.host, stack=self.stack, facts=facts, read=self.read, repo=self.up.repo,
                            resolver=self.resolver, lock=self.up.lock)
 
     def resolver(self) -> Upload:
@@ -174,12 +203,21 @@ class _HostRun:
                     continue
                 for item in role.plan(ctx):
                     self.report.entries.append(Entry(item, "unchanged" if isinstance(item, Unchanged) else "planned"))
+            if any(changes_venv(e.item) for e in self.report.entries):
+                self.report.entries.append(Entry(self.switch_step(staging.estimate(self.session,
+                                                                                   self.session.host.venv)), "planned"))
             if refused:
                 raise RoleRefused("; ".join(refused.values()))
         except RoleRefused as exc:
             self.fail(exc, "run the role it needs too, or pass --force to run it against the host as it is")
         except GpufleetError as exc:
             self.fail(exc, "fix the cause, then run the dry run again")
+
+    def switch_step(self, cost: staging.Estimate | None = None) -> Step:
+        venv = self.session.host.venv
+        return Step(role="venv", title=f"switch {venv} to the staged copy in one atomic swap",
+                    reason=cost.describe(venv) if cost else "the staged venv is on target and verified",
+                    commands=(), changes=("venv",))
 
     def survey(self, ctx: PlanContext) -> dict[str, str]:
         """Plan (read-only) each role --only/--skip leaves out: name -> why it is not on target, for those behind."""
@@ -257,7 +295,7 @@ class _HostRun:
                     self.say(f"could not release the lock: {exc}")
 
     def apply_roles(self) -> None:
-        facts = self.up.read_facts(self.session)
+        facts = self.read_facts()
         behind = self.survey(self.context(facts))
         refused = self.refusals(behind)
         if refused:  # before anything changes
@@ -266,13 +304,74 @@ class _HostRun:
             changed = False
             if self.skip(role, behind):
                 continue
-            for item in role.plan(self.context(facts)):
+            items = role.plan(self.context(facts))
+            if self.stage is None and any(changes_venv(i) for i in items):
+                self.begin_stage()  # the live venv is never written: this role and the rest change a staged copy
+                facts = self.read_facts()
+                items = role.plan(self.context(facts))
+            for item in items:
                 if isinstance(item, Unchanged):
                     self.report.entries.append(Entry(item, "unchanged"))
                 else:
                     changed |= self.apply_step(item)
             if changed:  # the next role plans against the host as it is now
-                facts = self.up.read_facts(self.session)
+                facts = self.read_facts()
+        if self.stage is not None:
+            self.finish_stage()
+
+    def begin_stage(self) -> None:
+        """Snapshot the host, then make (or reuse a clean) staged copy of the venv for the changes."""
+        self.ensure_snapshot()
+        by = " ".join(self.up.run.holder_text().split("\n")[:4])
+        self.stage = staging.prepare(self.session, self.session.host.venv, by)
+        self.report.staged_venv = self.stage.path
+        self.stage_changed = self.stage.reused  # a reused copy holds an earlier run's changes
+        self.say(self.stage.note)
+
+    def finish_stage(self) -> None:
+        """Stop the server if it runs, swap the staged venv in, then prove every role on target on the live path."""
+        venv = self.session.host.venv
+        if not self.stage_changed:
+            staging.discard(self.session, venv)
+            self.stage = None
+            self.report.staged_venv = None
+            return
+        entry = Entry(self.switch_step(), "running")
+        self.report.entries.append(entry)
+        started = time.monotonic()
+        try:
+            unit = unit_name(self.session.host.service)
+            active = self.session.run(Cmd.of("systemctl", "is-active", "--quiet", "--", unit),
+                                      step="server running?", check=False)
+            if active.exit_code == 0:
+                self.say(f"stopping {unit} for the venv switch (`inv deploy-model` starts it on the new stack and "
+                         f"proves it healthy)")
+                self.run(Cmd.of("systemctl", "stop", "--", unit), "stop the server for the venv switch", timeout=600)
+                self.report.server_stopped = unit
+            self.say(staging.switch(self.session, venv))
+            self.stage = None
+            entry.status = "changed"
+        except BaseException:
+            entry.status = "failed"
+            raise
+        finally:
+            entry.seconds = time.monotonic() - started
+        self.prove_on_target()
+
+    def prove_on_target(self) -> None:
+        """After the switch every selected role plans nothing more on the live venv; check-only steps run again."""
+        ctx = self.context(self.read_facts())
+        for role in self.up.roles:
+            if self.up.selection is not None and not self.up.selection.runs(role.name):
+                continue
+            for item in role.plan(ctx):
+                if isinstance(item, Unchanged):
+                    continue
+                if item.commands or item.uploads:
+                    raise staging.StagingError(f"host {self.session.name}: after the venv switch {role.name} is not "
+                                               f"on target on the live path: {item.reason}")
+                for cmd in item.verify:
+                    self.run(cmd, f"{item.title}: after the switch", timeout=item.timeout or self.up.command_timeout)
 
     def apply_step(self, step: Step) -> bool:
         """Run one step if its `needed` check still says so; True when it changed the host."""
@@ -289,6 +388,9 @@ class _HostRun:
                 self.ensure_snapshot()
             self.push(step, step.uploads)
             timeout = step.timeout or self.up.command_timeout
+            staged = self.stage is not None and changes_venv(step)
+            if staged:  # a run that dies from here on leaves the copy marked half-changed: the next run discards it
+                staging.mark(self.session, self.session.host.venv, "dirty")
             for cmd in step.commands:
                 if step.resumable:
                     self.run_resumable(cmd, step.title, timeout=timeout)
@@ -297,6 +399,9 @@ class _HostRun:
             for cmd in step.verify:
                 result = self.run(cmd, f"{step.title}: verify" if step.commands else step.title, timeout=timeout)
                 self.say(f"{step.role}: {(result.output.strip().splitlines() or ['ok'])[-1]}")
+            if staged:
+                staging.mark(self.session, self.session.host.venv, "clean")
+                self.stage_changed = True
             for key in step.artifacts:
                 if buildcache.fetch_to_cache(self.session, key, self.up.build_cache):
                     self.say(f"{step.role}: build {key[:12]} cached on the control node for the other hosts")
@@ -397,6 +502,9 @@ class _HostRun:
         where = f" at '{failed.item.title}'" if failed else ""
         hint = (f"fix the cause, then run `{self.up.run.command}` again: steps already done are skipped and the run "
                 f"continues{where}")
+        if self.stage is not None:
+            hint += (f"; the live venv {self.session.host.venv} is untouched: the changes so far are in the staged copy "
+                     f"{self.stage.path} (a re-run reuses it if its last step finished, else makes a new one)")
         if self.report.snapshot:
             hint += f"; the state before this run is saved in {self.report.snapshot} on {self.session.name}"
         return hint

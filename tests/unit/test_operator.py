@@ -110,7 +110,7 @@ def fake_role(name, items, needs_=()):
 
 def step(role, title, **kw) -> Step:
     return Step(role=role, title=title, reason=f"because {title}", commands=(Cmd.of("do", title),),
-                changes=("venv",), **kw)
+                changes=("checkout",), **kw)
 
 
 def run_host(roles, sel, dry_run=False):

@@ -42,7 +42,7 @@ def role(name, *items_per_call):
 
 def step(title, **kw) -> Step:
     defaults = dict(role="r", title=title, reason=f"because {title}", commands=(Cmd.of("do", title),),
-                    changes=("venv",))
+                    changes=("checkout",))  # a venv change is staged first: test_staged_venv.py
     return Step(**{**defaults, **kw})
 
 
