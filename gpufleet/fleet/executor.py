@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import threading
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 from gpufleet.kernel import buildcache
+from gpufleet.remote import text as remote_text
 from gpufleet.fleet import hoststate, staging
 from gpufleet.wheels import push
 from gpufleet.engine.command import Cmd
@@ -36,6 +39,10 @@ RESOLVER_PIP = "26.3"  # the pip that resolves and installs on every host: its d
 
 class RoleRefused(GpufleetError):
     """A selected role needs a role that --only/--skip leaves out and that is not on target on this host."""
+
+
+class DiskSpaceError(GpufleetError):
+    """A host has too little free disk for what a step would write; nothing was written."""
 
 
 @dataclass
@@ -140,6 +147,7 @@ class _HostRun:
         self.report = HostReport(session.name, upgrade.dry_run)
         self._resolver: Upload | None = None
         self.stage: staging.Stage | None = None  # while set, roles plan and change the staged copy of the venv
+        self.in_place = False  # the filesystem cannot swap directories: the venv is changed where it is
         self.stage_changed = False
 
     @property
@@ -305,10 +313,14 @@ class _HostRun:
             if self.skip(role, behind):
                 continue
             items = role.plan(self.context(facts))
-            if self.stage is None and any(changes_venv(i) for i in items):
+            if self.stage is None and not self.in_place and any(changes_venv(i) for i in items):
+                for item in items:  # its wheels first: room for them is checked before anything else is written
+                    if changes_venv(item):
+                        self.push(item, item.uploads, record=False)
                 self.begin_stage()  # the live venv is never written: this role and the rest change a staged copy
-                facts = self.read_facts()
-                items = role.plan(self.context(facts))
+                if self.stage is not None:
+                    facts = self.read_facts()
+                    items = role.plan(self.context(facts))
             for item in items:
                 if isinstance(item, Unchanged):
                     self.report.entries.append(Entry(item, "unchanged"))
@@ -323,10 +335,14 @@ class _HostRun:
         """Snapshot the host, then make (or reuse a clean) staged copy of the venv for the changes."""
         self.ensure_snapshot()
         by = " ".join(self.up.run.holder_text().split("\n")[:4])
-        self.stage = staging.prepare(self.session, self.session.host.venv, by)
-        self.report.staged_venv = self.stage.path
-        self.stage_changed = self.stage.reused  # a reused copy holds an earlier run's changes
-        self.say(self.stage.note)
+        stage = staging.prepare(self.session, self.session.host.venv, by)
+        self.say(stage.note)
+        if stage.path is None:
+            self.in_place = True
+            return
+        self.stage = stage
+        self.report.staged_venv = stage.path
+        self.stage_changed = stage.reused  # a reused copy holds an earlier run's changes
 
     def finish_stage(self) -> None:
         """Stop the server if it runs, swap the staged venv in, then prove every role on target on the live path."""
@@ -466,7 +482,7 @@ class _HostRun:
             self.report.snapshot = hoststate.snapshot(self.session, self.up.run)
             self.say(f"state before this run saved in {self.report.snapshot}")
 
-    def push(self, step: Step | None, uploads: Sequence[Upload]) -> None:
+    def push(self, step: Step | None, uploads: Sequence[Upload], record: bool = True) -> None:
         """Put wheels on the host unless they are there already: one check, then one verified stream of what is
         missing (gpufleet.wheels.push). Each is fetched once per run (and cached) on the control node for all hosts, and
         only when some host lacks it."""
@@ -480,7 +496,7 @@ class _HostRun:
                 sha = self.up.wheels.sha256(local)
             wanted.append((up, sha, local))
             # wheels only: a build's FetchContent source archive is handed over the same way but is no distribution
-            if step is not None and up.name and up.remote.endswith(".whl"):
+            if record and step is not None and up.name and up.remote.endswith(".whl"):
                 self.report.wheels.append({"name": up.name, "version": up.version, "filename":
                                            posixpath.basename(up.remote), "url": redact_url(up.url), "sha256": sha})
         if not wanted:
@@ -490,12 +506,35 @@ class _HostRun:
         states = push.parse_check(self.session.name, probes, check.output)
         lacking = [(PushItem(local or self.up.wheels.get(up.url, sha), up.remote, sha), state)
                    for (up, sha, local), state in zip(wanted, states) if state != "present"]
+        self.check_room(step, [up.remote for (up, _, _), state in zip(wanted, states) if state == "present"],
+                        [item for item, _ in lacking])
         if lacking:
             missing = [item for item, _ in lacking]
             size = sum(item.local.stat().st_size for item in missing)
             self.say(f"handing over {len(missing)} wheel(s), {size / 2**20:.1f} MiB, from the control node")
             # checked above, before fetching: push_files need not ask the host again
             push.push_files(self.session, missing, say=self.say, states=[state for _, state in lacking])
+
+    def check_room(self, step: Step | None, present: list[str], lacking: list[PushItem]) -> None:
+        """Before a wheel is handed over or installed: the cache's filesystem must hold the missing wheels and the
+        venv's what every wheel of the step unpacks to (the old files stay, held by the snapshot); one round trip."""
+        checks: list[dict] = []
+        for directory in dict.fromkeys(posixpath.dirname(item.remote) for item in lacking):
+            need = sum(item.local.stat().st_size for item in lacking if posixpath.dirname(item.remote) == directory)
+            checks.append({"path": directory, "need": need, "what": "wheels handed over"})
+        if step is not None and changes_venv(step):
+            local = sum(_unpacked(item.local) for item in lacking if item.remote.endswith(".whl"))
+            checks.append({"path": self.host.venv, "need": local, "what": "unpacked into the venv",
+                           "unpack": [p for p in present if p.endswith(".whl")]})
+        if not checks:
+            return
+        cmd = Cmd.of("python3", "-c", remote_text("disk_room.py"), json.dumps(checks), cwd="/")
+        result = self.session.run(cmd, step=f"{step.title if step else 'resolver'}: room on disk?", check=False)
+        if result.exit_code == 3:
+            raise DiskSpaceError(f"host {self.session.name}: {(result.output.strip().splitlines() or ['?'])[-1]}; "
+                                 f"nothing was written")
+        if result.exit_code != 0:
+            raise RemoteCommandError(result, cmd, shown=brief(cmd))
 
     def resume_hint(self) -> str:
         failed = next((e for e in self.report.entries if e.status == "failed"), None)
@@ -526,3 +565,12 @@ class _HostRun:
             hoststate.append_audit(self.session, record)
         except GpufleetError as exc:
             self.say(f"could not append to {hoststate.AUDIT_LOG}: {exc}")
+
+
+def _unpacked(wheel: Path) -> int:
+    """What a wheel takes once installed: its members' sizes, read from the zip's directory only."""
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            return sum(info.file_size for info in z.infolist())
+    except (OSError, zipfile.BadZipFile):
+        return wheel.stat().st_size  # not a zip: the hash check on the host will say so; count it as it is

@@ -61,7 +61,7 @@ def estimate(session, venv: str) -> Estimate:
 class Stage:
     """A staged venv ready for changes: where it is, and whether an earlier run's clean copy was reused."""
 
-    path: str
+    path: str | None  # None: this filesystem cannot swap directories, the venv is changed in place
     reused: bool
     note: str
 
@@ -77,6 +77,9 @@ def prepare(session, venv: str, by: str) -> Stage:
                                f"{(result.output.strip().splitlines() or ['?'])[-1]}")
         raise RemoteCommandError(result, cmd)
     v = _values(result.output)
+    if v.get("mode") == "in-place":
+        return Stage(None, False, f"changing the venv in place: {v.get('why', '?')}; a failed step leaves it as it "
+                                  f"failed, the run's snapshot is the way back")
     if v.get("reused") == "yes":
         note = f"reusing the clean staged venv {v['stage']} left by {v.get('by_before', 'an earlier run')}"
     else:

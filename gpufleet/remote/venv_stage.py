@@ -10,7 +10,8 @@
 LIVE may be a symlink: the directory it resolves to is staged and swapped; the link is left alone. The stage is
 REAL.gpufleet-next (same directory, so same filesystem: hard links and rename work), its state REAL.gpufleet-next.json:
 `base` (the live venv as it was when staged), `state` ("clean" between steps, "dirty" while one runs), `by`.
-Prints `key=value` lines. Exit codes: 0 ok, 2 usage or no venv, 3 too little disk, 4 copy failed, 5 switch refused
+Where the filesystem cannot rename the live directory (overlayfs without redirect_dir), prepare makes no stage and
+prints `mode=in-place` with the reason. Prints `key=value` lines. Exit codes: 0 ok, 2 usage or no venv, 3 too little disk, 4 copy failed, 5 switch refused
 or failed. Runs with the host's python3 (stdlib only); never imports gpufleet.
 """
 
@@ -134,9 +135,30 @@ def prepare(live, by):
         os.unlink(marker)
         print("could not make a hard-linked copy of %s at %s (cp exit %d)" % (real, stage, rc))
         return 4
+    seconds = time.monotonic() - started
+    cannot = swap_refused(real, stage)
+    if cannot:
+        _remove(stage)
+        os.unlink(marker)
+        say(mode="in-place", why=cannot)
+        return 0
     write_state(marker, {"base": base, "state": "clean", "by": by, "created": time.time()})
-    say(stage=stage, reused="no", discarded=why, files=files, dirs=dirs, seconds="%.2f" % (time.monotonic() - started))
+    say(stage=stage, reused="no", discarded=why, files=files, dirs=dirs, seconds="%.2f" % seconds)
     return 0
+
+
+def swap_refused(real, stage):
+    """Why the two directories cannot be swapped here, or None. Swapping the live venv with its fresh hard-linked copy
+    and back changes nothing anyone can read (the same files under the same path), so it is a safe test; overlayfs
+    without redirect_dir refuses to rename a directory of a lower layer (a container image's venv) with EXDEV."""
+    try:
+        if exchange(real, stage):
+            exchange(real, stage)
+        return None
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:
+            return ("this filesystem cannot rename %s (overlayfs without redirect_dir: %s)" % (real, exc.strerror))
+        raise
 
 
 def mark(live, state):

@@ -431,8 +431,10 @@ class SimFleet:
             (hdir / sub).mkdir()
         root = hdir / "root"
         sh("mount", "-t", "overlay", "overlay", "-o",
-           f"lowerdir={self.run_dir / 'template/upper'}:/,upperdir={hdir / 'upper'},workdir={hdir / 'work'}",
-           str(root))
+           # redirect_dir: a directory of the lower layers can be renamed, as on a real server's ext4 or xfs (the
+           # staged venv is swapped in by rename; without it overlayfs answers EXDEV and gpufleet changes in place)
+           f"lowerdir={self.run_dir / 'template/upper'}:/,upperdir={hdir / 'upper'},workdir={hdir / 'work'},"
+           "redirect_dir=on", str(root))
         self._personalise(host, root)
         if host.netns not in system.netns_list(host.netns):
             sh("ip", "netns", "add", host.netns)

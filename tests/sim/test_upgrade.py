@@ -104,7 +104,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(fleet, site):
     assert [(e["role"], e["status"]) for e in entries] == [
         ("torch", "planned"), ("flashinfer", "planned"), ("flashinfer", "planned"),
         ("sglang-checkout", "unchanged"), ("sglang-checkout", "unchanged"), ("sgl-kernel", "planned"),
-        ("verify", "planned")]
+        ("verify", "planned"), ("venv", "planned")]
     planned = [e["title"] for e in entries if e["status"] == "planned"]
     assert planned[:3] == [f"install torch {TORCH}", "install flashinfer 0.6.5 (python, cubin, jit-cache 0.6.5+cu130)",
                            "clear flashinfer's JIT cache (~/.cache/flashinfer)"]
@@ -115,6 +115,10 @@ def test_dry_run_prints_the_plan_and_changes_nothing(fleet, site):
     assert entries[5]["reason"].startswith("venv has sgl-kernel 0.3.16 not built by gpufleet; torch 2.9.1+cu130")
     assert "no wheel with that key on the host or in the cache" in entries[5]["reason"]
     assert "title" not in entries[3] and "commands" not in entries[3]
+    staged = entries[-1]
+    assert staged["title"] == "switch /root/venv to the staged copy in one atomic swap"
+    assert staged["reason"].startswith("the venv is changed as a hard-linked copy beside /root/venv (") and \
+        "the live venv is untouched until one atomic swap" in staged["reason"]
 
     people = inv("upgrade", "--inventory", str(site.inventory), "--host", "gpu1", "--dry-run")
     assert people.returncode == 0
@@ -144,17 +148,21 @@ def test_one_run_takes_the_old_stack_to_the_target(fleet, site, first_run):
     assert [(e["role"], e["status"]) for e in report["entries"]] == [
         ("torch", "changed"), ("flashinfer", "changed"), ("flashinfer", "changed"),
         ("sglang-checkout", "unchanged"), ("sglang-checkout", "unchanged"), ("sgl-kernel", "changed"),
-        ("verify", "unchanged")]
+        ("verify", "unchanged"), ("venv", "changed")]
     build = kernel_entry(report)
     key12 = BUILD_TITLE.fullmatch(build["title"])[1]
     assert build["reason"].startswith(f"venv has sgl-kernel 0.3.16 not built by gpufleet; torch {TORCH}")
-    verify = report["entries"][-1]["reason"]
+    verify = report["entries"][-2]["reason"]
     assert verify.startswith(f"torch {TORCH} (CUDA 13.0, cc 12.0, sm_120), flashinfer-python 0.6.5"), verify
     assert verify.endswith(f"sgl-kernel {KERNEL} with FP4 ops import together"), verify
     assert report["changed"] == [f"torch: install torch {TORCH}",
                                  "flashinfer: install flashinfer 0.6.5 (python, cubin, jit-cache 0.6.5+cu130)",
                                  "flashinfer: clear flashinfer's JIT cache (~/.cache/flashinfer)",
-                                 f"sgl-kernel: {build['title']}"]
+                                 f"sgl-kernel: {build['title']}",
+                                 "venv: switch /root/venv to the staged copy in one atomic swap"]
+    assert report["staged_venv"] == "/root/venv.gpufleet-next"
+    assert "[gpu1] switched to the new venv by one atomic exchange (renameat2)" in proc.stderr
+    assert fleet.run_on("gpu1", "ls -d /root/venv.gpufleet-next*", check=False).returncode != 0
 
     assert f"[gpu1] Successfully installed nvidia-cublas-13.2.0.1 torch-{TORCH} triton-3.6.0" in proc.stderr
     assert "[gpu1] applied: 0001-fa3-can-be-turned-off.patch" in proc.stderr

@@ -249,3 +249,102 @@ def test_the_dry_run_shows_what_staging_costs():
     reason = report.entries[-1].item.reason
     assert "hard-linked copy beside /root/venv (9 files, 3 directories" in reason and "1.0 GiB free" in reason
     assert json.dumps(report.to_json())
+
+
+# ---- room on disk ------------------------------------------------------------------------------------------------
+
+def room(checks) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", remote.text("disk_room.py"), json.dumps(checks)], capture_output=True,
+                          text=True, cwd="/")
+
+
+def small_wheel(path: Path, member_bytes: int) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("pkg/data.bin", b"\0" * member_bytes)  # compresses to almost nothing
+    return path
+
+
+def test_room_counts_what_wheels_unpack_to_per_filesystem(tmp_path):
+    wheel = small_wheel(tmp_path / "pkg-1.0-py3-none-any.whl", 3 * 2**20)
+    proc = room([{"path": str(tmp_path / "cache"), "need": 100, "what": "wheels handed over"},
+                 {"path": str(tmp_path / "venv" / "not-yet"), "need": 0, "what": "unpacked", "unpack": [str(wheel)]}])
+    assert proc.returncode == 0, proc.stdout
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("room ")]  # one filesystem: needs summed
+    assert f"need={100 + 3 * 2**20} " in line and "wheels handed over 0 MiB; unpacked 3 MiB" in line
+
+
+def test_too_little_room_is_one_sentence_with_the_numbers(tmp_path):
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    proc = room([{"path": str(tmp_path), "need": free + 2**30, "what": "wheels handed over"}])
+    assert proc.returncode == 3
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"too little disk for {tmp_path}: it needs ") and "margin" in last and "is free there" in last
+
+
+def test_an_upgrade_without_room_for_its_wheels_stops_before_any_snapshot_stage_or_push(tmp_path):
+    from gpufleet.plan import Upload
+    from gpufleet.wheels.fetch import WheelCache
+
+    wheel = small_wheel(tmp_path / "torch-2.12.0-cp312-cp312-linux_x86_64.whl", 2**20)
+    digest = __import__("hashlib").sha256(wheel.read_bytes()).hexdigest()
+    up = Upload(wheel.as_uri(), digest, f"/var/cache/gpufleet/wheels/{wheel.name}", "torch", "2.12.0")
+
+    def with_wheel(ctx):
+        return [Step(role="torch", title="install torch", reason="old", commands=(Cmd.of("pip", "x"),),
+                     changes=("venv",), uploads=(up,))]
+    seen: list[str] = []
+    ex, _, _ = executor([venv_role(seen, with_wheel)], wheels=WheelCache(tmp_path / "cache"))
+    ex.wheels.get = lambda url, sha=None: wheel  # the control node has the file already
+    session = session_for({"install torch: which wheels are on the host?": (0, "@@push 0 absent\n"),
+                           "install torch: room on disk?": (3, "room 1 need=5 free=1 what=x\ntoo little disk for "
+                                                               "/var/cache/gpufleet/wheels and /root/venv: it needs 1 "
+                                                               "MiB (...) and 0 MiB is free there\n")})
+    report = ex.host(session, Stack())
+    assert report.outcome == "failed" and "too little disk for /var/cache/gpufleet/wheels" in report.error
+    assert "nothing was written" in report.error
+    assert not {"snapshot", "venv: stage a copy", "install torch"} & set(session.steps)
+    [(_, cmd)] = [c for c in session.calls if c[0] == "install torch: room on disk?"]
+    checks = json.loads(cmd.argv[-1])
+    assert checks[0] == {"path": "/var/cache/gpufleet/wheels", "need": wheel.stat().st_size,
+                         "what": "wheels handed over"}
+    assert checks[1]["path"] == "/root/venv" and checks[1]["need"] == 2**20
+
+
+def test_a_filesystem_that_cannot_rename_the_venv_changes_it_in_place_and_says_why():
+    seen: list[str] = []
+    ex, lines, _ = executor([venv_role(seen, install, install)])
+    session = session_for({"venv: stage a copy": (0, "mode=in-place\nwhy=this filesystem cannot rename /root/venv "
+                                                     "(overlayfs without redirect_dir: Invalid cross-device link)\n")})
+    report = ex.host(session, Stack())
+    assert report.ok and report.staged_venv is None and seen == ["/root/venv"]
+    [cmd] = [c for s, c in session.calls if s == "install torch"]
+    assert cmd.argv[0] == "/root/venv/bin/pip" and "venv: switch to the staged copy" not in session.steps
+    assert any("changing the venv in place: this filesystem cannot rename /root/venv" in line for line in lines)
+
+
+@pytest.fixture
+def overlay(tmp_path):
+    """A real overlayfs without redirect_dir (as a container image's root often is), its venv in the lower layer."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting an overlay needs root")
+    lower, upper, work, merged = (tmp_path / n for n in ("lower", "upper", "work", "merged"))
+    for d in (upper, work, merged):
+        d.mkdir()
+    (lower / "venv" / "bin").mkdir(parents=True)
+    (lower / "venv" / "bin" / "tool").write_text("#!/bin/sh\n")
+    opts = f"lowerdir={lower},upperdir={upper},workdir={work},redirect_dir=off"
+    if subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)]).returncode != 0:
+        pytest.skip("this kernel cannot mount an overlay here")
+    yield merged
+    subprocess.run(["umount", str(merged)])
+
+
+def test_overlayfs_without_redirect_dir_is_found_out_before_any_change(overlay):
+    proc = stage("prepare", overlay / "venv", "run")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = values(proc)
+    assert got["mode"] == "in-place" and "overlayfs without redirect_dir" in got["why"]
+    assert sorted(p.name for p in overlay.iterdir()) == ["venv"]  # no copy, no state file left
+    assert (overlay / "venv" / "bin" / "tool").read_text() == "#!/bin/sh\n"
