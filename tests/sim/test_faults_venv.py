@@ -21,10 +21,12 @@ from tests.sim.helpers import REPO, inv_json, write_inventory
 pytestmark = pytest.mark.sim
 
 TORCH = wheels.TARGET["torch"]
-# The live venv as a user's server sees it: packages, and every file with its size and mtime.
+# The live venv as a user's server sees it: packages, every file with its size and mtime, every directory and link
+# (a directory's own size is left out: overlayfs reports another one once the sim's root copies it up).
 LIVE = r"""
 cd / && {venv}/bin/python -m pip freeze --all
-find {venv} -name __pycache__ -prune -o -printf '%p %s %T@\n' | sort
+find {venv} -name __pycache__ -prune -o -type f -printf '%p %s %T@\n' | sort
+find {venv} -name __pycache__ -prune -o -type d -printf '%p\n' -o -type l -printf '%p -> %l\n' | sort
 """
 
 
@@ -72,7 +74,7 @@ def test_killed_while_pip_installs_leaves_the_live_venv_as_it_was_and_a_rerun_co
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         # pip at work in the staged copy: kill gpufleet there, as a dropped laptop or an OOM killer would
-        wait_for(lambda: fleet.run_on("gpu1", "pgrep -f 'venv.gpufleet-next/bin/python .*pip install'",
+        wait_for(lambda: fleet.run_on("gpu1", "pgrep -f 'venv.gpufleet-next/bin/python .*pip install --progress-bar off --no-index'",
                                       check=False).returncode == 0, "pip installing into the staged venv")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
