@@ -250,6 +250,9 @@ class Gate:
         first = unit_state(self.session, self.unit)
         if first.active not in ("active", "activating", "reloading"):
             raise self.fail(f"{self.unit} is {first.active} ({first.sub})")
+        if first.sub == "auto-restart":  # it exited and systemd waits RestartSec to start it again: a crash loop
+            raise self.fail(f"the server exited and systemd is about to restart it ({first.active} "
+                            f"({first.sub}), NRestarts {first.restarts})")
         # The server gets health_timeout from when it (re)started, not from when this run began watching.
         budget = max(MIN_WAIT, server.health_timeout - (first.age or 0.0))
         start = self.clock()
@@ -266,6 +269,9 @@ class Gate:
             now_state = unit_state(self.session, self.unit)
             if now_state.active in ("failed", "inactive", "deactivating"):
                 raise self.fail(f"{self.unit} is {now_state.active} ({now_state.sub}); {last}")
+            if now_state.sub == "auto-restart":
+                raise self.fail(f"the server exited and systemd is about to restart it (NRestarts "
+                                f"{now_state.restarts}); {last}")
             if now_state.restarts > first.restarts or (first.pid and now_state.pid and now_state.pid != first.pid):
                 raise self.fail(f"the server exited and systemd restarted it (NRestarts {now_state.restarts}); {last}")
             now = self.clock()

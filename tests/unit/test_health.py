@@ -106,8 +106,8 @@ def unit_session(states) -> FakeSession:
                        default=(0, "Dec 02 gpu1 sglang[42]: RuntimeError: --tp 8 needs 8 GPUs\n"))
 
 
-def state(active="active", restarts=0, pid=42, age=5):
-    return f"ActiveState={active}\nSubState=running\nNRestarts={restarts}\nMainPID={pid}\nAge={age}\n"
+def state(active="active", restarts=0, pid=42, age=5, sub="running"):
+    return f"ActiveState={active}\nSubState={sub}\nNRestarts={restarts}\nMainPID={pid}\nAge={age}\n"
 
 
 class Clock:
@@ -210,3 +210,19 @@ def test_unit_state_parsing_and_backoff():
         delays.append(d)
         d = health.next_delay(d)
     assert delays == [1.0, 2.0, 4.0, 8.0, 15.0, 15.0]
+
+
+def test_a_server_waiting_to_be_restarted_fails_at_once_not_after_restart_sec(monkeypatch):
+    # Restart=on-failure with RestartSec: between exit and restart systemd says activating (auto-restart)
+    g, clock = gate(unit_session([state(active="activating", sub="auto-restart", restarts=2)]), monkeypatch, [200])
+    with pytest.raises(HealthError, match="exited and systemd is about to restart it"):
+        g.wait_healthy()
+    assert clock.sleeps == []
+
+
+def test_a_crash_seen_while_waiting_fails_on_the_next_look(monkeypatch):
+    session = unit_session([state(active="activating", sub="start"), state(active="activating", sub="auto-restart")])
+    g, clock = gate(session, monkeypatch, [paramiko.ChannelException(2, "Connect failed")])
+    with pytest.raises(HealthError, match="about to restart it"):
+        g.wait_healthy()
+    assert clock.sleeps == []
