@@ -165,3 +165,24 @@ def test_a_venv_on_a_filesystem_too_small_for_the_wheels_is_refused_before_any_c
         assert fleet.run_on("gpu3", "test -e /var/lib/gpufleet/lock", check=False).returncode == 1
     finally:
         fleet.run_on("gpu3", "umount /mnt/small", check=False)
+
+
+def test_a_second_real_run_on_a_host_being_upgraded_is_refused_naming_the_first(fleet, tmp_path):
+    inventory = write_inventory(fleet, tmp_path / "hosts.toml", ["gpu3"])
+    first = subprocess.Popen([sys.executable, "-m", "invoke", "upgrade", "--inventory", str(inventory), "--host", "gpu3",
+                              "--only", "torch,flashinfer"], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: fleet.run_on("gpu3", "test -s /var/lib/gpufleet/lock/holder", check=False).returncode == 0,
+                 "the first run to take the host's lock")
+        second, [report] = inv_json("upgrade", "--inventory", str(inventory), "--host", "gpu3")
+        out, err = first.communicate(timeout=600)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert second.returncode == 1 and report["outcome"] == "locked"
+    assert "host gpu3 is locked by " in report["error"] and f"(pid {first.pid}, since " in report["error"]
+    assert "still runs on" in report["error"], report["error"]
+    assert first.returncode == 0, out[-2000:] + err[-3000:]
+    assert torch_of(fleet, "gpu3") == TORCH and pip_check(fleet, "gpu3").returncode == 0
+    assert fleet.run_on("gpu3", "test -e /var/lib/gpufleet/lock", check=False).returncode == 1
