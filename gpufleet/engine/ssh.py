@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -133,7 +134,8 @@ class HostSession:
         kwargs["look_for_keys"] = not self.host.identity_file
         conn = Connection(
             self.host.address, user=self.host.user, port=self.host.port, config=self._config(),
-            connect_timeout=self.link.handshake if self.link else self.settings.connect_timeout, connect_kwargs=kwargs,
+            connect_timeout=_whole_seconds(self.link.handshake if self.link else self.settings.connect_timeout),
+            connect_kwargs=kwargs,
             gateway=self.gateway.connection(label=f"{self.name}'s jump host {self.gateway.name}")
             if self.gateway else None,
         )
@@ -393,6 +395,11 @@ part="$2.gpufleet-tmp"; cp -- "$1" "$part" && chown "$o" -- "$part" && chmod "$3
 _READABLE = r"""[ -f "$1" ] || exit 3
 t=$(mktemp /tmp/.gpufleet-sftp.XXXXXXXX) && cp -- "$1" "$t" && chown -- "${2:-$SUDO_USER}" "$t" && echo "$t"
 """
+
+
+def _whole_seconds(timeout: float) -> int:
+    """Fabric keeps int(connect_timeout): 0.5 would be 0, no limit at all, and 6.6 would be 6; round up instead."""
+    return max(1, math.ceil(timeout))
 
 
 def _give_up_on_dead_link(transport, dead_after: float) -> None:

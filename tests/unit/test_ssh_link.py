@@ -36,3 +36,13 @@ def test_a_jump_host_is_judged_and_named_as_the_jump_host(tmp_path):
     assert conn.client._policy.host == "gpu3" and conn.client._policy.names == ["192.0.2.13"]
     assert conn.gateway.client._policy.host == "gpu3's jump host gpu2"
     assert conn.gateway.client._policy.names == ["192.0.2.12"]
+
+
+@pytest.mark.parametrize("connect_timeout, whole", [(0.5, 1), (2, 2), (6.6, 7)])
+def test_the_connect_timeout_reaches_fabric_rounded_up(tmp_path, connect_timeout, whole):
+    """Fabric keeps whole seconds: 0.5 must not become 0 (no limit), 6.6 not 6."""
+    settings = Settings(ssh_config=None, known_hosts=tmp_path / "known_hosts", connect_timeout=connect_timeout)
+    session = HostSession(Host(name="gpu1", gpus=GpuExpectation(), address="192.0.2.11"), settings)
+    assert session.connection().connect_timeout == whole
+    session.link = LinkTimes.scaled(settings, 0.33)
+    assert session.connection().connect_timeout == max(whole, 7)  # 20 round trips of 0.33 s: 6.6 s, rounded up
