@@ -71,13 +71,16 @@ class LinkTimes:
         return cls(round_trip, max(float(settings.connect_timeout), HANDSHAKE_ROUND_TRIPS * round_trip), dead)
 
 
-def measure_round_trip(transport: paramiko.Transport, timeout: float) -> float:
-    """One round trip over an open connection: a session channel opened (sshd answers at once) and closed."""
+def measure_round_trip(transport: paramiko.Transport) -> float:
+    """One round trip over an open connection: a session channel opened (sshd answers at once) and closed; a host
+    slower than MAX_ROUND_TRIP to answer counts as that slow. Raises only when the connection itself broke."""
     started = time.monotonic()
-    chan = transport.open_session(timeout=timeout)
-    took = time.monotonic() - started
-    chan.close()
-    return took
+    try:
+        transport.open_session(timeout=MAX_ROUND_TRIP).close()
+    except paramiko.SSHException:  # refused (the refusal is a round trip too) or no answer in time
+        if not transport.is_active():
+            raise
+    return time.monotonic() - started
 
 
 def _transport_offering_certificates(sock, **kwargs) -> paramiko.Transport:
@@ -190,8 +193,7 @@ class HostSession:
         self.conn = conn
         if self.link is None:
             try:
-                self.link = LinkTimes.scaled(self.settings, measure_round_trip(conn.transport,
-                                                                               self.settings.connect_timeout))
+                self.link = LinkTimes.scaled(self.settings, measure_round_trip(conn.transport))
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 self.close()
                 raise UnreachableError(f"host {self.name} ({self.host.address}): the connection broke just after "

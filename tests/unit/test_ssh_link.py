@@ -46,3 +46,35 @@ def test_the_connect_timeout_reaches_fabric_rounded_up(tmp_path, connect_timeout
     assert session.connection().connect_timeout == whole
     session.link = LinkTimes.scaled(settings, 0.33)
     assert session.connection().connect_timeout == max(whole, 7)  # 20 round trips of 0.33 s: 6.6 s, rounded up
+
+
+class _Transport:
+    """Just enough of paramiko's Transport: a session channel opens, is refused, or the connection is gone."""
+
+    def __init__(self, refuse: bool = False, active: bool = True):
+        self.refuse, self.active = refuse, active
+
+    def open_session(self, timeout=None):
+        import paramiko
+
+        if self.refuse:
+            raise paramiko.ChannelException(1, "administratively prohibited")
+
+        class Chan:
+            def close(self):
+                pass
+        return Chan()
+
+    def is_active(self):
+        return self.active
+
+
+def test_the_round_trip_is_measured_also_when_the_channel_is_refused():
+    from gpufleet.engine.ssh import measure_round_trip
+
+    assert measure_round_trip(_Transport()) >= 0
+    assert measure_round_trip(_Transport(refuse=True)) >= 0  # a refusal comes back after one round trip too
+    import paramiko
+
+    with pytest.raises(paramiko.SSHException):
+        measure_round_trip(_Transport(refuse=True, active=False))  # the connection broke: that is an error
