@@ -147,7 +147,8 @@ def test_link_cut_for_ten_seconds_while_pip_installs_torch(gpu1, tmp_path, keepa
     outlives the cut and the upgrade completes; with keepalive 1 (dead after 3 s unanswered) the connection is
     declared lost: the run fails naming it, and a re-run finds the install done and converges."""
     fleet = gpu1
-    inventory = write_inventory(fleet, tmp_path / "hosts.toml", ["gpu1"], extra=f"[settings]\nkeepalive = {keepalive}\n")
+    inventory = write_inventory(fleet, tmp_path / "hosts.toml", ["gpu1"],
+                                extra=f"[settings]\nkeepalive = {keepalive}\n")
     held = HeldPip(fleet, "gpu1", inventory, tmp_path)
     try:
         held.wait_started()
