@@ -85,6 +85,12 @@ def _wildcard(pattern: str) -> re.Pattern:
     return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower()))
 
 
+def fingerprint(key: paramiko.PKey) -> str:
+    """A key as OpenSSH shows it: its type and `SHA256:` + the unpadded base64 of the SHA-256 of its blob."""
+    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+    return f"{key.get_name()} SHA256:{digest}"
+
+
 def _same(a: paramiko.PKey, b: paramiko.PKey) -> bool:
     return a.get_name().removesuffix(CERT_SUFFIX) == b.get_name().removesuffix(CERT_SUFFIX) and \
         a.asbytes() == b.asbytes()
@@ -115,7 +121,7 @@ class KnownHosts:
         plain = _plain_key(key)
         for entry in self.entries:
             if entry.marker == "@revoked" and _same(entry.key, plain):
-                raise HostKeyError(f"host {host}: its host key {plain.get_name()} {plain.fingerprint} is REVOKED "
+                raise HostKeyError(f"host {host}: its host key {fingerprint(plain)} is REVOKED "
                                    f"({entry.origin}): refusing to connect")
         if key.public_blob is not None and key.public_blob.key_type.endswith(CERT_SUFFIX):
             return self._check_certificate(host, names, key)
@@ -124,11 +130,12 @@ class KnownHosts:
             return True
         changed = [e for e in mine if e.key.get_name() == plain.get_name()]
         if changed:
+            known_file, _ = changed[0].origin.rsplit(":", 1)
             raise HostKeyError(
-                f"host {host}: its host key CHANGED (expected {changed[0].key.get_name()} "
-                f"{changed[0].key.fingerprint} from {changed[0].origin}, got {plain.fingerprint}): refusing to "
-                f"connect; if the box was reinstalled, remove the old key from {changed[0].origin.rsplit(':', 1)[0]} "
-                f"yourself")
+                f"host {host}: its host key CHANGED from {fingerprint(changed[0].key)} (known for {names[0]} in "
+                f"{changed[0].origin}) to {fingerprint(plain)}: refusing to connect; if the box was "
+                f"reinstalled, check the new key out of band, then remove the old one "
+                f"(ssh-keygen -f {shlex.quote(known_file)} -R {shlex.quote(names[0])})")
         return False
 
     def authorities(self, names: list[str]) -> list[Entry]:
@@ -247,7 +254,7 @@ class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             return
         raise HostKeyError(
             f"host key of {self.names[0]} is not in {', '.join(str(f) for f in self.known.files)} "
-            f"({plain.get_name()} {plain.fingerprint}): refusing to connect. Check the key out of band, then add it "
+            f"({fingerprint(plain)}): refusing to connect. Check the key out of band, then add it "
             f"(ssh-keyscan) or run once with --accept-new-host-keys")
 
 

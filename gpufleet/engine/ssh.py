@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -22,6 +23,13 @@ from gpufleet.engine.output import HostLines
 
 TAIL_LINES = 30
 KEEPALIVES_UNANSWERED = 3  # like OpenSSH's ServerAliveCountMax: the link counts as dead after this many
+# On a slow link the waits that follow a connect are scaled by its measured round trip (LinkTimes). A lost segment
+# costs TCP an RTO (>= 200 ms + a round trip) and each loss of the same segment doubles it: a link counts as dead only
+# after this many round trips without an acknowledgement, and a reconnect gets this many for its SSH handshake (a
+# handshake takes ~4 round trips, a lost segment several more).
+DEAD_LINK_ROUND_TRIPS = 20
+HANDSHAKE_ROUND_TRIPS = 20
+MAX_ROUND_TRIP = 5.0  # a host slow to answer (not a link) must not stretch the waits without end
 
 # paramiko logs connection failures with tracebacks; gpufleet reports them itself, once, as one clear line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -45,6 +53,34 @@ class Result:
 
     def tail(self, lines: int = TAIL_LINES) -> str:
         return "\n".join(self.output.rstrip("\n").splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class LinkTimes:
+    """A connection's measured round trip and the waits scaled by it (never below the inventory's own values)."""
+
+    round_trip: float  # seconds: one request and its answer over the open connection
+    handshake: float  # seconds a reconnect's TCP connect + SSH handshake may take
+    dead_after: float  # seconds of unacknowledged data before the link counts as dead (0: keepalive off)
+
+    @classmethod
+    def scaled(cls, settings, round_trip: float) -> "LinkTimes":
+        keepalive = int(settings.keepalive)  # as paramiko's set_keepalive takes it: 0.5 is off
+        round_trip = min(round_trip, MAX_ROUND_TRIP)
+        dead = max(keepalive * KEEPALIVES_UNANSWERED, DEAD_LINK_ROUND_TRIPS * round_trip) if keepalive > 0 else 0.0
+        return cls(round_trip, max(float(settings.connect_timeout), HANDSHAKE_ROUND_TRIPS * round_trip), dead)
+
+
+def measure_round_trip(transport: paramiko.Transport) -> float:
+    """One round trip over an open connection: a session channel opened (sshd answers at once) and closed; a host
+    slower than MAX_ROUND_TRIP to answer counts as that slow. Raises only when the connection itself broke."""
+    started = time.monotonic()
+    try:
+        transport.open_session(timeout=MAX_ROUND_TRIP).close()
+    except paramiko.SSHException:  # refused (the refusal is a round trip too) or no answer in time
+        if not transport.is_active():
+            raise
+    return time.monotonic() - started
 
 
 def _transport_offering_certificates(sock, **kwargs) -> paramiko.Transport:
@@ -77,6 +113,7 @@ class HostSession:
         self.gateway = gateway
         self.conn: Connection | None = None
         self.results: list[Result] = []
+        self.link: LinkTimes | None = None  # measured at the first open; reconnects are given its handshake time
 
     @property
     def name(self) -> str:
@@ -91,23 +128,26 @@ class HostSession:
                               overrides={"load_ssh_configs": False})
         return Config(overrides={"load_ssh_configs": False})
 
-    def connection(self) -> Connection:
-        """Build (not open) the Fabric connection with the inventory's values over ~/.ssh/config's."""
+    def connection(self, label: str | None = None) -> Connection:
+        """Build (not open) the Fabric connection with the inventory's values over ~/.ssh/config's; `label` names the
+        host in host-key errors (a jump host is named as the jump host of the target it carries)."""
         kwargs: dict = {"allow_agent": True}  # as OpenSSH: an IdentityFile is tried first, the agent still after it
         if self.host.identity_file:
             kwargs["key_filename"] = os.path.expanduser(self.host.identity_file)
         kwargs["look_for_keys"] = not self.host.identity_file
         conn = Connection(
             self.host.address, user=self.host.user, port=self.host.port, config=self._config(),
-            connect_timeout=self.settings.connect_timeout, connect_kwargs=kwargs,
-            gateway=self.gateway.connection() if self.gateway else None,
+            connect_timeout=_whole_seconds(self.link.handshake if self.link else self.settings.connect_timeout),
+            connect_kwargs=kwargs,
+            gateway=self.gateway.connection(label=f"{self.name}'s jump host {self.gateway.name}")
+            if self.gateway else None,
         )
         certificate = conn.ssh_config.get("certificatefile")  # paramiko gives a string, identityfile a list
         if certificate and not self.host.identity_file and conn.ssh_config.get("identityfile"):
             certificate = certificate if isinstance(certificate, str) else certificate[0]
             conn.connect_kwargs["pkey"] = _key_with_certificate(self.name, conn.ssh_config["identityfile"][0],
                                                                 certificate)
-        self._guard(conn, self.name)
+        self._guard(conn, label or self.name)
         if isinstance(conn.gateway, Connection) and self.gateway is None:
             # a ProxyJump from ssh_config: Fabric builds it with a trust-anything policy; it gets ours
             self._guard(conn.gateway, f"{self.name}'s jump host {conn.gateway.host}")
@@ -150,9 +190,16 @@ class HostSession:
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise UnreachableError(f"host {self.name} ({self.host.address}): cannot connect: "
                                    f"{exc or type(exc).__name__}") from None
-        conn.transport.set_keepalive(int(self.settings.keepalive))
-        _give_up_on_dead_link(conn.transport, int(self.settings.keepalive))
         self.conn = conn
+        if self.link is None:
+            try:
+                self.link = LinkTimes.scaled(self.settings, measure_round_trip(conn.transport))
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                self.close()
+                raise UnreachableError(f"host {self.name} ({self.host.address}): the connection broke just after "
+                                       f"login: {exc or type(exc).__name__}") from None
+        conn.transport.set_keepalive(int(self.settings.keepalive))
+        _give_up_on_dead_link(conn.transport, self.link.dead_after)
         if self.become is not None:
             try:
                 become_mod.prove(self, self.become)  # before anything else runs: one clear error, never a hang
@@ -352,13 +399,19 @@ t=$(mktemp /tmp/.gpufleet-sftp.XXXXXXXX) && cp -- "$1" "$t" && chown -- "${2:-$S
 """
 
 
-def _give_up_on_dead_link(transport, keepalive: int) -> None:
-    """With keepalive on, a link that acknowledges nothing for KEEPALIVES_UNANSWERED keepalives is dead: the kernel
-    closes the socket (TCP_USER_TIMEOUT), so a command waiting for output fails as a lost connection instead of
-    blocking until TCP gives up (~15 min). Direct TCP connections only (a ProxyJump channel has no socket)."""
+def _whole_seconds(timeout: float) -> int:
+    """Fabric keeps int(connect_timeout): 0.5 would be 0, no limit at all, and 6.6 would be 6; round up instead."""
+    return max(1, math.ceil(timeout))
+
+
+def _give_up_on_dead_link(transport, dead_after: float) -> None:
+    """With keepalive on, a link that acknowledges nothing for `dead_after` seconds (KEEPALIVES_UNANSWERED keepalives,
+    more on a slow link: LinkTimes) is dead: the kernel closes the socket (TCP_USER_TIMEOUT), so a command waiting for
+    output fails as a lost connection instead of blocking until TCP gives up (~15 min). Direct TCP connections only
+    (a ProxyJump channel has no socket)."""
     sock = getattr(transport, "sock", None)
-    if keepalive > 0 and hasattr(socket, "TCP_USER_TIMEOUT") and isinstance(sock, socket.socket):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, keepalive * KEEPALIVES_UNANSWERED * 1000)
+    if dead_after > 0 and hasattr(socket, "TCP_USER_TIMEOUT") and isinstance(sock, socket.socket):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(dead_after * 1000))
 
 
 class _Utf8Decoder:

@@ -126,3 +126,32 @@ def test_ssh_config_include_is_expanded(tmp_path):
     main.write_text(f"Include {tmp_path}/*.conf\nHost c\n  Port 2203\n")
     config = paramiko.SSHConfig.from_text(openssh.expand_includes(main))
     assert [config.lookup(h)["port"] for h in "abc"] == ["2201", "2202", "2203"]
+
+
+def test_a_changed_key_shows_both_fingerprints_as_openssh_does(tmp_path, keys):
+    """Both keys by their SHA256 fingerprints exactly as `ssh-keygen -l` prints them, and how to drop the old one."""
+    kh = known(tmp_path, f"[gpu1.example]:2222 {pub(keys['other'])}\n")
+    with pytest.raises(HostKeyError) as caught:
+        kh.check("gpu1", ["[gpu1.example]:2222"], host_key(keys["host"]))
+    message = str(caught.value)
+
+    def listed(path):
+        bits, digest = subprocess.run(["ssh-keygen", "-l", "-f", f"{path}.pub"], capture_output=True, text=True,
+                                      check=True).stdout.split()[:2]
+        assert digest.startswith("SHA256:") and not digest.endswith("=")
+        return digest
+
+    old, new = listed(keys["other"]), listed(keys["host"])
+    assert old != new
+    assert f"CHANGED from ssh-ed25519 {old} (known for [gpu1.example]:2222 in {tmp_path}/known_hosts:1) to " \
+           f"ssh-ed25519 {new}" in message, message
+    assert f"ssh-keygen -f {tmp_path}/known_hosts -R '[gpu1.example]:2222'" in message, message
+
+
+def test_fingerprint_matches_ssh_keygen_for_each_key_type(tmp_path):
+    for kind in ("ed25519", "ecdsa", "rsa"):
+        path = keygen(tmp_path / f"key_{kind}", kind)
+        shown = subprocess.run(["ssh-keygen", "-l", "-f", f"{path}.pub"], capture_output=True, text=True,
+                               check=True).stdout.split()
+        key = paramiko.PKey.from_path(path)
+        assert openssh.fingerprint(key) == f"{key.get_name()} {shown[1]}"
