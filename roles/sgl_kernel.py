@@ -211,7 +211,7 @@ def _record_cmd(ctx: PlanContext, key: str, wheel_expr: str, origin: str, inputs
             f"[ -f \"$wheel\" ] || {{ echo \"no sgl-kernel wheel at $wheel\"; exit 1; }}\n"
             f"cd /\n{shlex.quote(_py(ctx))} -m pip install --disable-pip-version-check --force-reinstall --no-deps "
             f"\"$wheel\"\n"
-            f"{shlex.quote(_py(ctx))} -c \"$1\" \"$wheel\" \"${{@:2}}\"\n")
+            f"{shlex.quote(_py(ctx))} -B -c \"$1\" \"$wheel\" \"${{@:2}}\"\n")
     return Cmd.of("bash", "-c", text, "record", remote_source("kernel_record.py"), origin, inputs_json, key, paths,
                   json.dumps(list(FP4_OPS)), "1" if ctx.stack.sgl_kernel.enable_fp4 else "0",
                   remote_source("kernel_archs.py"), cwd="/", keep_owner=(ctx.host.venv,))
