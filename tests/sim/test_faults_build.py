@@ -18,8 +18,9 @@ CO = "/root/sglang-main"
 # What the checkout looks like to git (comparable across hosts). Reads take no optional lock: they write nothing.
 VIEW = (f"cd {CO} && export GIT_OPTIONAL_LOCKS=0 && git rev-parse HEAD && "
         "git status --porcelain=v1 --untracked-files=all --ignored && git stash list && git diff HEAD --binary")
-# Every byte, name, mode, owner and mtime under the checkout (with or without its .git).
-BYTES = ("cd {co} && find . {prune} -printf '%P %y %s %T@ %U:%G %m %l\\n' | sort && "
+# Every byte, name, mode, owner and mtime under the checkout (with or without its .git); no directory sizes: the
+# overlay under the simulated hosts reports another size for a directory once it is copied up, its entries unchanged.
+BYTES = ("cd {co} && find . {prune} -printf '%P %y %T@ %U:%G %m %l\\n' | sort && "
          "find . {prune} -type f -print0 | sort -z | xargs -0 -r sha256sum")
 TREE_BYTES = BYTES.format(co=CO, prune="-path ./.git -prune -o")
 ALL_BYTES = BYTES.format(co=CO, prune="")
@@ -29,10 +30,11 @@ BREAK = """Subject: [PATCH] test: a site patch that applies but breaks CMake's c
 diff --git a/CMakeLists.txt b/CMakeLists.txt
 --- a/CMakeLists.txt
 +++ b/CMakeLists.txt
-@@ -1,2 +1,3 @@
+@@ -1,3 +1,4 @@
  cmake_minimum_required(VERSION 3.26 FATAL_ERROR)
  project(sgl-kernel LANGUAGES CXX CUDA)
 +message(FATAL_ERROR "gpufleet test: injected build failure")
+ 
 """
 
 
