@@ -42,6 +42,24 @@ def on(fleet, host: str, command: str) -> str:
     return fleet.run_on(host, command).stdout
 
 
+def changed(before: str, after: str) -> list[str]:
+    """The lines that differ (empty when byte-identical): what a failed comparison shows."""
+    import difflib
+
+    return [d for d in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
+            if d[:1] in "+-" and not d.startswith(("+++", "---"))]
+
+
+def checkout_bytes(fleet, host: str) -> str:
+    """ALL_BYTES but for what the sglang-checkout role's survey writes even when left out (--only): its plan-time
+    `git fetch` rewrites .git/FETCH_HEAD and makes (and removes) temporary files in .git/objects, so those two
+    directories' mtimes move. The build writes nothing in the .git (tests/unit/test_remote_files.py compares every
+    mtime there around the export)."""
+    return "\n".join(line for line in on(fleet, host, ALL_BYTES).splitlines()
+                     if not line.startswith((".git d ", ".git/objects d ", ".git/FETCH_HEAD "))
+                     and not line.endswith("/.git/FETCH_HEAD"))
+
+
 def patch_rows(fleet, inventory, hosts: str) -> dict[str, list]:
     proc, rows = inv_json("patches", "--inventory", str(inventory), "--hosts", hosts, "--no-fetch")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -105,7 +123,7 @@ def test_a_failed_build_leaves_the_checkout_byte_identical_and_a_rerun_makes_the
     (patches / "0002-break-configure.patch").write_text(BREAK)
     (patches / "series").write_text((patches / "series").read_text() + "0002-break-configure.patch\n")
     inventory = inventory_with(fleet, site, ["gpu3"], patches)
-    before = on(fleet, "gpu3", ALL_BYTES)  # the .git too: the build only reads the checkout
+    before = checkout_bytes(fleet, "gpu3")  # the .git too: the build only reads the checkout
     before_view = on(fleet, "gpu3", VIEW)
 
     # The sgl-kernel role alone (the rest of the stack stays old), so nothing else has a reason to touch the checkout.
@@ -115,7 +133,7 @@ def test_a_failed_build_leaves_the_checkout_byte_identical_and_a_rerun_makes_the
     assert kernel_entry(report)["status"] == "failed"
     assert "gpufleet test: injected build failure" in proc.stderr
     assert "[gpu3] applied: 0002-break-configure.patch" in proc.stderr
-    assert on(fleet, "gpu3", ALL_BYTES) == before and on(fleet, "gpu3", VIEW) == before_view
+    assert changed(before, checkout_bytes(fleet, "gpu3")) == [] and on(fleet, "gpu3", VIEW) == before_view
     # the patched tree is the build's own, in its job directory, kept until a re-run
     [tree] = on(fleet, "gpu3", "ls -d /var/lib/gpufleet/builds/*/src").split()
     assert "injected build failure" in on(fleet, "gpu3", f"cat {tree}/sgl-kernel/CMakeLists.txt")
@@ -135,7 +153,7 @@ def test_a_failed_build_leaves_the_checkout_byte_identical_and_a_rerun_makes_the
     key12 = re.search(r"\(build ([0-9a-f]{12}),", kernel_entry(report)["title"])[1]
     [tree] = on(fleet, "gpu3", f"ls -d /var/lib/gpufleet/builds/{key12}*/src").split()
     on(fleet, "gpu3", f"echo 'message(FATAL_ERROR \"stale tree reused\")' >> {tree}/sgl-kernel/CMakeLists.txt")
-    assert on(fleet, "gpu3", ALL_BYTES) == before
+    assert changed(before, checkout_bytes(fleet, "gpu3")) == []
 
     proc, [report] = inv_json(*only)
     assert proc.returncode == 0 and report["outcome"] == "ok", (report, proc.stderr[-3000:])
@@ -143,6 +161,6 @@ def test_a_failed_build_leaves_the_checkout_byte_identical_and_a_rerun_makes_the
     assert entry["status"] == "changed" and f"(build {key12}," in entry["title"], entry
     assert "stale tree reused" not in proc.stderr and f"[gpu3] applied: {KERNEL[0]}" in proc.stderr
     assert on(fleet, "gpu3", f"test -e {tree} || echo gone").strip() == "gone"  # installed: its sources removed
-    assert on(fleet, "gpu3", ALL_BYTES) == before and on(fleet, "gpu3", VIEW) == before_view
+    assert changed(before, checkout_bytes(fleet, "gpu3")) == [] and on(fleet, "gpu3", VIEW) == before_view
     rows = patch_rows(fleet, inventory, "gpu3")["gpu3"]
     assert [(s, p, st) for s, p, st, _ in rows if s == "sgl-kernel"] == [("sgl-kernel", KERNEL[0], "will apply")]
