@@ -1,7 +1,7 @@
 """End to end: the sgl-kernel build leaves the sglang checkout exactly as it found it. It builds from its own tree
 (HEAD's kernel directory exported and patched in the build job's directory), so a host that built and a host that
 installed the cached wheel look the same to `inv patches` and git, and a build that fails (a patch that breaks
-CMake's configure, a broken toolkit) changes no byte of the checkout; a re-run after a failure makes the tree again."""
+CMake's configure, a broken compiler) changes no byte of the checkout; a re-run after a failure makes the tree again."""
 
 from __future__ import annotations
 
@@ -139,17 +139,18 @@ def test_a_failed_build_leaves_the_checkout_byte_identical_and_a_rerun_makes_the
     assert "injected build failure" in on(fleet, "gpu3", f"cat {tree}/sgl-kernel/CMakeLists.txt")
     assert "injected" not in on(fleet, "gpu3", f"cat {CO}/sgl-kernel/CMakeLists.txt")
 
-    # A fault outside the key (the toolkit's nvcc broken) fails the good series' build; after the repair the same
-    # build key runs again from a tree made again (the half-made one, damaged here, is discarded, not reused).
+    # A fault outside the key (the host's C++ compiler broken; nvcc would not do: the key names its version) fails
+    # the good series' build; after the repair the same build key runs again from a tree made again (the half-made
+    # one, damaged here, is discarded, not reused).
     (patches / "0002-break-configure.patch").unlink()
     (patches / "series").write_text("".join(f"{p}\n" for p in KERNEL))
-    nvcc = "/usr/local/cuda/bin/nvcc"
-    on(fleet, "gpu3", f"chmod a-x {nvcc}")
+    cxx = on(fleet, "gpu3", "readlink -f \"$(command -v c++)\"").strip()
+    on(fleet, "gpu3", f"chmod a-x {cxx}")
     try:
         proc, [report] = inv_json(*only)
         assert proc.returncode == 1 and kernel_entry(report)["status"] == "failed", (report, proc.stderr[-3000:])
     finally:
-        on(fleet, "gpu3", f"chmod a+x {nvcc}")
+        on(fleet, "gpu3", f"chmod a+x {cxx}")
     key12 = re.search(r"\(build ([0-9a-f]{12}),", kernel_entry(report)["title"])[1]
     [tree] = on(fleet, "gpu3", f"ls -d /var/lib/gpufleet/builds/{key12}*/src").split()
     on(fleet, "gpu3", f"echo 'message(FATAL_ERROR \"stale tree reused\")' >> {tree}/sgl-kernel/CMakeLists.txt")
