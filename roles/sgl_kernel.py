@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
+import re
 import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -103,6 +105,11 @@ class Source:
 
 
 def inputs(ctx: PlanContext, tree: str) -> BuildInputs:
+    """The build key's inputs. The build compiles exactly what the key names: the kernel directory's tree at HEAD
+    (exported by _tree_cmd, which refuses a HEAD that moved since the plan) with the patch series the digest covers.
+    Uncommitted edits in the checkout are not in the key, so they are not built either: a build from the working
+    tree would give one key two different wheels (and the cache would hand the other hosts a wheel made from one
+    box's local edits). Keys recorded before stay valid: their meaning is unchanged."""
     cfg = ctx.stack.sgl_kernel
     torch = _package(ctx.facts, "torch")
     if not torch:
@@ -204,7 +211,7 @@ def _record_cmd(ctx: PlanContext, key: str, wheel_expr: str, origin: str, inputs
             f"[ -f \"$wheel\" ] || {{ echo \"no sgl-kernel wheel at $wheel\"; exit 1; }}\n"
             f"cd /\n{shlex.quote(_py(ctx))} -m pip install --disable-pip-version-check --force-reinstall --no-deps "
             f"\"$wheel\"\n"
-            f"{shlex.quote(_py(ctx))} -c \"$1\" \"$wheel\" \"${{@:2}}\"\n")
+            f"{shlex.quote(_py(ctx))} -B -c \"$1\" \"$wheel\" \"${{@:2}}\"\n")
     return Cmd.of("bash", "-c", text, "record", remote_source("kernel_record.py"), origin, inputs_json, key, paths,
                   json.dumps(list(FP4_OPS)), "1" if ctx.stack.sgl_kernel.enable_fp4 else "0",
                   remote_source("kernel_archs.py"), cwd="/", keep_owner=(ctx.host.venv,))
@@ -235,28 +242,41 @@ def _install_step(ctx: PlanContext, key: str, wheel: str, origin: str, why: str)
                 needed=_needed(ctx, key), verify=(_verify(ctx, key),), timeout=1800, changes=("venv",))
 
 
-def _patch_cmds(ctx: PlanContext, source: Source) -> list[Cmd]:
-    pdir = _patch_dir(ctx)
-    cmds = []
-    for pname in series.series_names(pdir):
-        text = (pdir / pname).read_text()
-        # Idempotent: a patch that reverse-applies is already in the tree.
-        body = ('if printf "%s" "$1" | git apply --reverse --check --directory="$3" - 2>/dev/null; then '
-                'echo "already applied: $2"; else printf "%s" "$1" | git apply --directory="$3" - && '
-                'echo "applied: $2"; fi')
-        cmds.append(Cmd.of("bash", "-c", body, "patch", text, pname, source.directory,
-                           cwd=ctx.host.sglang_checkout, keep_owner=(ctx.host.sglang_checkout,)))
-    return cmds
+# Paths the CMakeLists names relative to its own directory that leave it: the mid-2026 layout's
+# python/sglang/kernels/aot/CMakeLists.txt reads `${PROJECT_SOURCE_DIR}/../jit/include` (upstream, mid-2026); the
+# pinned sgl-kernel/CMakeLists.txt names nothing outside sgl-kernel/ (only cmake/, include/, csrc/ and FetchContent).
+_OUTSIDE = re.compile(r"\$\{(?:PROJECT_SOURCE_DIR|CMAKE_CURRENT_SOURCE_DIR|CMAKE_CURRENT_LIST_DIR|CMAKE_SOURCE_DIR)\}"
+                      r"/((?:\.\./)+[^\s\"')$;]*)")
 
 
-def _unpatch_cmds(ctx: PlanContext, source: Source) -> list[Cmd]:
-    """Take the kernel patches out again, last first: the build leaves the checkout as it found it, so every host of
-    one stack looks the same to `inv patches` and `inv status`."""
+def outside_paths(directory: str, cmakelists: str) -> list[str]:
+    """Repository paths outside the kernel directory that its CMakeLists reads (the build tree needs them too)."""
+    found = []
+    for rel in _OUTSIDE.findall(cmakelists):
+        path = posixpath.normpath(posixpath.join(directory, rel.rstrip("/")))
+        if path not in (".", "..") and not path.startswith("../") and path not in found:
+            found.append(path)
+    return found
+
+
+def tree_dir(key: str) -> str:
+    """Where the build's own copy of the kernel sources lives (HEAD's tree with the site's patches applied)."""
+    return f"{detached.Job.for_key(key).dir}/src"
+
+
+def _tree_cmd(ctx: PlanContext, source: Source, key: str, patched: str) -> Cmd:
+    """Export HEAD's kernel directory (and what its CMakeLists reads outside it) into the build job's own directory
+    and apply the site's kernel patches there: the checkout and its .git are only read, never written (no patch, no
+    build dir, no __pycache__), so a failed or killed build leaves the checkout as it was, and every host of one
+    stack looks the same to `inv patches`. A re-run keeps the tree of a running or finished job and makes a
+    half-made or failed one again (remote/kernel_tree.sh)."""
+    job = detached.Job.for_key(key)
     pdir = _patch_dir(ctx)
-    body = ('if printf "%s" "$1" | git apply --reverse --check --directory="$3" - 2>/dev/null; then '
-            'printf "%s" "$1" | git apply --reverse --directory="$3" - && echo "reverted: $2"; fi')
-    return [Cmd.of("bash", "-c", body, "unpatch", (pdir / pname).read_text(), pname, source.directory,
-                   cwd=ctx.host.sglang_checkout, keep_owner=(ctx.host.sglang_checkout,)) for pname in reversed(series.series_names(pdir))]
+    patches = [part for pname in series.series_names(pdir) for part in (pname, (pdir / pname).read_text())]
+    text = remote.text("job_state.sh") + remote.text("kernel_tree.sh") + 'kernel_tree "$@"\n'
+    return Cmd.of("bash", "-c", text, "kernel-tree", ctx.host.sglang_checkout, tree_dir(key), source.tree,
+                  job.rc_file, job.unit, job.pid_file, source.directory,
+                  *outside_paths(source.directory, patched), "--", *patches, cwd="/")
 
 
 def build_tools(ctx: PlanContext, source: Source) -> list[str]:
@@ -355,13 +375,15 @@ def _build_step(ctx: PlanContext, source: Source, built: BuildInputs, key: str, 
     settings = [f"--config-settings=build-dir={job.dir}/cmake-build",
                 *(f"--config-settings=cmake.define.{k}={v}" for k, v in given.items())]
     # --verbose: CMake's and the compiler's lines reach build.log, so following a long build shows its progress.
+    # Built in the job's own tree, never in the checkout (see _tree_cmd).
+    tree = tree_dir(key)
     wheel_cmd = Cmd.of(_py(ctx), "-m", "pip", "wheel", ".", "--no-build-isolation", "--no-deps",
                        "--disable-pip-version-check", "--verbose", "-w", f"{job.dir}/dist", *settings, env=env,
-                       cwd=f"{ctx.host.sglang_checkout}/{source.directory}")
+                       cwd=f"{tree}/{source.directory}")
     inner = Cmd.of("bash", "-c", f"date +%s > {shlex.quote(job.dir)}/started && rm -rf "
                                  f"{shlex.quote(job.dir)}/dist && {wheel_cmd.render()}")
-    # The detached job itself stays as it was (its command names the unit); the unpatch commands after it keep the
-    # checkout's owner, and the install (_record_cmd) the venv's.
+    # The detached job itself stays as it was (its command names the unit); the install (_record_cmd) keeps the
+    # venv's owner. Nothing here writes to the checkout, so nothing needs its owner kept.
     # Build tools come from the stack's own indexes only (never a default index the box may not reach).
     tools = _tools_cmd(ctx, build_tools(ctx, source))
     uploads = tuple(Upload(d.fetch_url(cfg.source_mirrors), None, d.archive, d.name, d.tag) for d in deps)
@@ -371,15 +393,19 @@ def _build_step(ctx: PlanContext, source: Source, built: BuildInputs, key: str, 
                               "directory": source.directory})
     wheel_expr = f"$(ls {shlex.quote(job.dir)}/dist/*.whl | head -n1)"
     handed = f"; {len(deps)} FetchContent source(s) handed over by the control node" if deps else ""
+    # The wheel is recorded and installed: its sources are not needed again (a rebuild of this key never happens;
+    # a failed build keeps them until the re-run makes them again).
+    cleanup = Cmd.of("rm", "-rf", "--", tree, cwd="/")
     return Step(role=name, title=f"build {source.declared_name or 'sgl-kernel'} "
                                  f"{ctx.facts.checkout.kernel_version if ctx.facts.checkout else ''}"
                                  f" for {cfg.arch} (build {key[:12]}, {jobs} jobs)".replace("  ", " "),
                 reason=(why + "; no wheel with that key on the host or in the cache; "
                         + targets(ctx, source, given, built.cuda) + handed),
-                commands=(*_patch_cmds(ctx, source), tools, *unpack, detached.wait_cmd(job, inner),
-                          _record_cmd(ctx, key, wheel_expr, "built-here", inputs_json), *_unpatch_cmds(ctx, source)),
+                commands=(_tree_cmd(ctx, source, key, patched_cmakelists(ctx, source)), tools, *unpack,
+                          detached.wait_cmd(job, inner), _record_cmd(ctx, key, wheel_expr, "built-here", inputs_json),
+                          cleanup),
                 needed=_needed(ctx, key), verify=(_verify(ctx, key),), timeout=BUILD_TIMEOUT,
-                changes=("checkout", "venv", "cache"), resumable=True, artifacts=(key,), uploads=uploads)
+                changes=("venv", "cache"), resumable=True, artifacts=(key,), uploads=uploads)
 
 
 def status_cell(facts, stack) -> Cell:

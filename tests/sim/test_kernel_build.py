@@ -127,11 +127,15 @@ def test_second_host_with_the_same_build_key_installs_the_first_hosts_wheel(sim_
         assert built["status"] == "changed" and built["title"].startswith("build sgl-kernel"), built
         key12 = re.search(r"\(build ([0-9a-f]{12}),", built["title"])[1]
         assert "[gpu1] applied: 0001-fa3-can-be-turned-off.patch" in proc1.stderr
-        assert "[gpu1] reverted: 0001-fa3-can-be-turned-off.patch" in proc1.stderr
+        # built from its own tree (HEAD's sgl-kernel/ exported and patched in the job's directory), removed once
+        # the wheel was installed
+        assert re.search(r"\[gpu1\] build tree: sgl-kernel at [0-9a-f]{12} from /root/sglang-main, 1 patch\(es\) "
+                         r"applied, in /var/lib/gpufleet/builds/[0-9a-f]{64}/src", proc1.stderr), proc1.stderr[-3000:]
         # the plan said what each library would target under the stack's options, as the patched CMakeLists reads
         assert "common_ops_sm90_build, common_ops_sm100_build: sm_90,sm_100a,sm_103a,sm_120a" in built["reason"]
         [key] = [k for k in sim_fleet.run_on("gpu1", "ls /var/lib/gpufleet/builds").stdout.split()
                  if k.startswith(key12)]
+        assert sim_fleet.run_on("gpu1", f"test -e /var/lib/gpufleet/builds/{key}/src", check=False).returncode == 1
         rec1 = json.loads(sim_fleet.run_on("gpu1", f"cat {record_path(key)}").stdout)
         # what was really built, read off the installed libraries (no build_info: real sgl_kernel has none)
         assert rec1["origin"] == "built-here" and rec1["fp4"] is True

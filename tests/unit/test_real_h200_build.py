@@ -164,9 +164,12 @@ def test_todays_planner_on_the_real_answers_plans_the_build_that_ran(tag, key, t
     # every setting the real build got is still given; the real run's key and command line match
     for setting in ("TORCH_CUDA_ARCH_LIST=9.0a", "CUDA_HOME=/usr/local/cuda", "MAX_JOBS=5",
                     "CPLUS_INCLUDE_PATH=/usr/local/cuda/include/cccl", "CMAKE_BUILD_PARALLEL_LEVEL=5",
-                    f"--config-settings=build-dir={job.dir}/cmake-build", "cd /root/gpufleet-build/sglang/sgl-kernel",
+                    f"--config-settings=build-dir={job.dir}/cmake-build",
                     "/opt/torch/.venv/bin/python -m pip wheel . --no-build-isolation --no-deps"):
         assert setting in text and setting in ran["inner"]
+    # the real run built in the checkout; today the build has its own tree (HEAD's, patched) in the job's directory
+    assert "cd /root/gpufleet-build/sglang/sgl-kernel" in ran["inner"]
+    assert f"cd {job.dir}/src/sgl-kernel && " in text and "/root/gpufleet-build/sglang" not in text
     # the probe answers were read with the role's own section parser
     sections = sk._sections(step_rows(tag, "sgl-kernel build state")[0]["output"])
     assert sections["tree"] == TREE and sections["installed"].strip() == "" and sections["record"].strip() == ""

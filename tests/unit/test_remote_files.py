@@ -96,3 +96,103 @@ def test_kernel_installed_says_needed_until_the_record_is_this_builds(tmp_path):
     assert "another build" in kernel_installed("verify", str(record), "k2", "0").stderr
     record.write_text(json.dumps({"key": "k3", "fp4": False}))
     assert "no FP4 ops" in kernel_installed("verify", str(record), "k3", "1").stderr
+
+
+def _kernel_tree(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    text = remote.text("job_state.sh") + remote.text("kernel_tree.sh") + 'kernel_tree "$@"\n'
+    return subprocess.run(["bash", "-c", text, "kernel-tree", *args], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/local/bin:/usr/bin:/bin", **(env or {})})
+
+
+def _every_file(root):
+    """Each path under root (the .git too) with its type, mode, owner, mtime and bytes: byte-identical or not."""
+    import os
+
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            body = os.readlink(p) if os.path.islink(p) else (open(p, "rb").read() if os.path.isfile(p) else None)
+            found[os.path.relpath(p, root)] = (st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns, body)
+    return found
+
+
+def test_kernel_tree_builds_from_heads_tree_and_never_writes_the_checkout(tmp_path):
+    """The sgl-kernel build's tree, made for real from a git checkout at a hostile path owned by another user:
+    HEAD's kernel directory (not the working tree's edits), what its CMakeLists reads outside it and its in-repo
+    symlink targets, the site patch applied there; the checkout and its .git stay byte-identical; a re-run keeps
+    the tree of a running or finished job and makes a half-made or failed one again."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to hand the checkout to another user")
+    repo_root = Path(__file__).resolve().parents[2]
+    hostile = tmp_path / "co $(touch \"$CANARY\") ';`touch \"$CANARY\"` \"x"
+    co, canary = hostile / "sglang", tmp_path / "canary"
+    shutil.copytree(repo_root / "gpufleet/sim/payload/sglang/sgl-kernel", co / "sgl-kernel")
+    (co / "LICENSE").write_text("Apache-2.0\n")
+    os.symlink("../LICENSE", co / "sgl-kernel/LICENSE")
+    (co / "jit/include").mkdir(parents=True)
+    (co / "jit/include/h.h").write_text("#pragma once\n")
+    (co / "python").mkdir()
+    (co / "python/not_needed.py").write_text("x = 1\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", "-C", str(co)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    tree_sha = subprocess.run([*git, "rev-parse", "HEAD:sgl-kernel"], capture_output=True, text=True).stdout.strip()
+    head_cmake = (co / "sgl-kernel/CMakeLists.txt").read_text()
+    with open(co / "sgl-kernel/CMakeLists.txt", "a") as f:  # a local edit: not in the key, so not in the build
+        f.write("# local edit\n")
+    (co / "sgl-kernel/untracked.txt").write_text("local\n")
+    subprocess.run(["chown", "-R", "-h", "65534:65534", str(co)], check=True)
+    before = _every_file(co)
+
+    builds = hostile / "builds" / "k"
+    tree, rc, pid = builds / "src", builds / "exit-code", builds / "pid"
+    patch = repo_root / "patches/sgl-kernel/0001-fa3-can-be-turned-off.patch"
+    args = [str(co), str(tree), tree_sha, str(rc), "gpufleet-build-test-none", str(pid), "sgl-kernel", "jit/include",
+            "not/there", "--", patch.name, patch.read_text()]
+    env = {"CANARY": str(canary)}
+    made = _kernel_tree(*args, env=env)
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert f"applied: {patch.name}" in made.stdout and "not at HEAD, not exported: not/there" in made.stdout
+    built = (tree / "sgl-kernel/CMakeLists.txt").read_text()
+    assert "SGL_KERNEL_FORCE_FA3" in built and "# local edit" not in built
+    added = [line[1:] for line in patch.read_text().splitlines() if line.startswith("+") and not line.startswith("++")]
+    assert [line for line in built.splitlines() if line not in head_cmake.splitlines()] == added
+    assert (tree / "sgl-kernel/LICENSE").read_text() == "Apache-2.0\n"  # the symlink's in-repo target came along
+    assert (tree / "jit/include/h.h").exists()
+    assert sorted(p.name for p in tree.iterdir()) == ["LICENSE", "jit", "sgl-kernel"]  # nothing else, no .git
+    assert not (tree / "sgl-kernel/untracked.txt").exists()
+    assert _every_file(co) == before and not canary.exists()
+
+    # re-runs: a half-made tree and an old one with no job behind them are made again
+    (tree / "junk").write_text("half\n")
+    (builds / "src.partial.1").mkdir()
+    again = _kernel_tree(*args, env=env)
+    assert again.returncode == 0 and not (tree / "junk").exists() and not (builds / "src.partial.1").exists()
+    # ... the tree of a running job (its pid alive) or of one that finished with 0 is the job's: left alone
+    (tree / "junk").write_text("the job's\n")
+    pid.write_text(f"{os.getpid()}\n")
+    kept = _kernel_tree(*args, env=env)
+    assert kept.stdout.strip() == "build tree left as it is: the build job is running" and (tree / "junk").exists()
+    pid.unlink()
+    rc.write_text("0\n")
+    assert "the build job is finished" in _kernel_tree(*args, env=env).stdout and (tree / "junk").exists()
+    rc.write_text("2\n")  # a failed build: made again for the retry
+    assert _kernel_tree(*args, env=env).returncode == 0 and not (tree / "junk").exists()
+    rc.unlink()
+
+    # a patch that does not apply: named, no tree left behind, the checkout untouched
+    broken = _kernel_tree(*args[:-2], "0002-broken.patch", "--- a/CMakeLists.txt\n+++ b/CMakeLists.txt\n"
+                          "@@ -1,1 +1,1 @@\n-no such line\n+x\n", env=env)
+    assert broken.returncode == 1 and "patch 0002-broken.patch does not apply to sgl-kernel at HEAD" in broken.stdout
+    assert not tree.exists() and not list(builds.glob("src.partial.*"))
+    # a HEAD that moved since the plan (another tree than the key's) is refused
+    moved = _kernel_tree(*args[:2], "0" * 40, *args[3:], env=env)
+    assert moved.returncode == 1 and "moved since the plan" in moved.stdout
+    assert _every_file(co) == before and not canary.exists()

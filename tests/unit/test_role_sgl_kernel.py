@@ -54,7 +54,7 @@ class _Res:
 
 
 def _ctx(tmp_path, *, installed=None, on_host=None, packages=None, stack=None, directory="sgl-kernel",
-         pyproject=PYPROJECT, cmakelists=None):
+         pyproject=PYPROJECT, cmakelists=None, host=None):
     from tests.unit.test_cmake import UPSTREAM_SHAPE
 
     seen = []
@@ -70,7 +70,7 @@ def _ctx(tmp_path, *, installed=None, on_host=None, packages=None, stack=None, d
 
     facts = HostFacts(host="gpu1", cpu_count=32, mem_total_bytes=128 * GIB, nvcc_version="13.0",
                       packages=packages or {"torch": "2.12.0.dev20260307+cu130", "sgl-kernel": "0.3.16"})
-    host = Host(name="gpu1", address="10.0.0.1", gpus=GpuExpectation())
+    host = host or Host(name="gpu1", address="10.0.0.1", gpus=GpuExpectation())
     repo = tmp_path / "repo"
     (repo / "patches/sgl-kernel").mkdir(parents=True)
     import shutil
@@ -91,7 +91,14 @@ def test_build_when_nothing_matches(tmp_path):
     [step] = sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
     assert isinstance(step, Step) and step.title.startswith("build sgl-kernel")
     text = "\n".join(c.render() for c in step.commands)
-    assert "git apply" in text and "--directory=\"$3\"" in text and " sgl-kernel" in step.commands[0].render()
+    # First the build's own tree: HEAD's sgl-kernel/ exported into the job's directory, the site patches applied there
+    key = _key(ctx)
+    tree = f"/var/lib/gpufleet/builds/{key}/src"
+    export = step.commands[0]
+    assert export.argv[3:12] == ("kernel-tree", "/root/sglang-main", tree, TREE, f"/var/lib/gpufleet/builds/{key}/exit-code",
+                                 f"gpufleet-build-{key[:12]}", f"/var/lib/gpufleet/builds/{key}/pid", "sgl-kernel", "--")
+    assert export.argv[12] == "0001-fa3-can-be-turned-off.patch" and "SGL_KERNEL_FORCE_FA3" in export.argv[13]
+    assert len(export.argv) == 14 and export.cwd == "/"
     assert "TORCH_CUDA_ARCH_LIST=12.0a" in text and "CUDA_HOME=/usr/local/cuda" in text
     assert "CPLUS_INCLUDE_PATH=/usr/local/cuda/include/cccl" in text
     assert "MAX_JOBS=10" in text and "CMAKE_BUILD_PARALLEL_LEVEL=10" in text
@@ -122,7 +129,14 @@ def test_build_when_nothing_matches(tmp_path):
     assert "torch>=2.8.0" not in tools
     assert "systemd-run" in text and f"gpufleet-build-{_key(ctx)[:12]}" in text
     assert "--no-build-isolation" in text and "--force-reinstall --no-deps" in text
-    assert "reverted: $2" in step.commands[-1].render()  # the checkout is left as it was found
+    # The checkout is only ever read (by the export): no command runs in it, writes to it or keeps its owner.
+    assert all(c.cwd is None or not c.cwd.startswith("/root/sglang-main") for c in step.commands)
+    assert not any("/root/sglang-main" in c.keep_owner for c in step.commands)
+    assert not any("/root/sglang-main" in c.render() for c in step.commands[1:])
+    wheel = next(c for c in step.commands if "pip wheel" in c.render()).render()
+    assert f"cd {tree}/sgl-kernel && env " in wheel
+    assert step.commands[-1].argv == ("rm", "-rf", "--", tree)  # the wheel is installed: its sources can go
+    assert step.changes == ("venv", "cache") and step.resumable
     record = step.commands[-2].render()
     assert "cutlass_scaled_fp4_mm" in record and "sglang.jit_kernel.nvfp4" in record and ".nv_fatbin" in record
 
@@ -209,9 +223,25 @@ def test_mid_2026_layout_builds_in_python_sglang_kernels_aot(tmp_path):
     [step] = sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
     assert step.title.startswith("build sglang-kernel")
     assert "python/sglang/kernels/aot/ tree" in step.reason
-    assert step.commands[0].argv[-1] == "python/sglang/kernels/aot"  # the patches' --directory
+    assert step.commands[0].argv[10:12] == ("python/sglang/kernels/aot", "--")  # exported, the patches' --directory
     wheel = next(c for c in step.commands if "pip wheel" in c.render()).render()
-    assert "cd /root/sglang-main/python/sglang/kernels/aot" in wheel
+    assert f"cd /var/lib/gpufleet/builds/{_key(ctx)}/src/python/sglang/kernels/aot && env " in wheel
+
+
+def test_the_export_takes_what_the_cmakelists_reads_outside_the_kernel_directory(tmp_path):
+    # upstream's mid-2026 python/sglang/kernels/aot/CMakeLists.txt: include_directories(... ${PROJECT_SOURCE_DIR}/../jit/include)
+    line = "include_directories(\n    ${PROJECT_SOURCE_DIR}/include\n    ${PROJECT_SOURCE_DIR}/../jit/include\n)\n"
+    assert sgl_kernel.outside_paths("python/sglang/kernels/aot", line) == ["python/sglang/kernels/jit/include"]
+    assert sgl_kernel.outside_paths("sgl-kernel", '"${CMAKE_CURRENT_LIST_DIR}/../3rdparty/x/"') == ["3rdparty/x"]
+    # the pinned era's CMakeLists reads nothing outside sgl-kernel/; a path leaving the repository is not exported
+    from tests.unit.test_cmake import UPSTREAM_SHAPE
+
+    assert sgl_kernel.outside_paths("sgl-kernel", UPSTREAM_SHAPE) == []
+    assert sgl_kernel.outside_paths("sgl-kernel", "${PROJECT_SOURCE_DIR}/../../etc") == []
+    ctx, _ = _ctx(tmp_path, directory="python/sglang/kernels/aot", cmakelists=UPSTREAM_SHAPE + line,
+                  pyproject=PYPROJECT.replace('"sgl-kernel"', '"sglang-kernel"'))
+    [step] = sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
+    assert step.commands[0].argv[10:13] == ("python/sglang/kernels/aot", "python/sglang/kernels/jit/include", "--")
 
 
 def test_no_kernel_directory_is_a_plan_error(tmp_path):
@@ -230,3 +260,47 @@ def test_bad_build_requirement_names_the_pyproject(tmp_path):
     ctx, _ = _ctx(tmp_path, pyproject=PYPROJECT.replace('"wheel",', '"whe el >",'))
     with pytest.raises(PlanError, match="pyproject.toml build requirement"):
         sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
+
+
+# Shell metacharacters, quotes and a space (a newline is refused when the inventory is read): a path pasted into
+# shell text unquoted would run the touch.
+HOSTILE = "v $(touch \"$CANARY\") ';`touch \"$CANARY\"` \"x"
+
+
+def test_venv_and_checkout_paths_reach_the_commands_as_values(tmp_path):
+    """The build's commands run for real against a venv at a hostile path (a stand-in python that logs its argv):
+    every path arrives whole as one argument, and nothing extra runs."""
+    import shlex
+    import subprocess
+
+    venv, checkout = tmp_path / HOSTILE / "venv", tmp_path / HOSTILE / "checkout"
+    (venv / "bin").mkdir(parents=True)
+    log, canary = tmp_path / "argv.log", tmp_path / "canary"
+    (venv / "bin/python").write_text(f"#!/bin/bash\nprintf '%s\\0' \"$0\" \"$@\" >> {shlex.quote(str(log))}\n")
+    (venv / "bin/python").chmod(0o755)
+    host = Host(name="gpu1", address="10.0.0.1", gpus=GpuExpectation(), venv=str(venv), sglang_checkout=str(checkout))
+    ctx, seen = _ctx(tmp_path, host=host)
+    [step] = sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
+    key = _key(ctx)
+    # the plan-time probe and the export get the checkout as one argument
+    assert any(str(checkout) in shlex.split(cmd) for cmd in seen)
+    assert step.commands[0].argv[4] == str(checkout)
+
+    def run(cmd):
+        proc = subprocess.run(["bash", "-c", cmd.render()], capture_output=True, text=True, timeout=60,
+                              env={"PATH": "/usr/bin:/bin", "CANARY": str(canary)})
+        return proc
+
+    tools = step.commands[1]
+    assert run(tools).returncode == 0, "the build tools check (the stand-in says all present)"
+    wheel = tmp_path / HOSTILE / "sgl_kernel-0.3.21-cp310-abi3-linux_x86_64.whl"
+    wheel.write_bytes(b"wheel")
+    record = sgl_kernel._record_cmd(ctx, key, shlex.quote(str(wheel)), "built-here", "{}")
+    proc = run(record)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = [c.split("\0") for c in log.read_text().split(f"{venv}/bin/python\0")[1:]]
+    assert calls[0][:2] == ["-c", sgl_kernel._TOOLS_PRESENT]  # the tools check
+    assert str(wheel) in calls[1] and calls[1][:3] == ["-m", "pip", "install"]  # the install, the wheel whole
+    # the record imports sglang.jit_kernel.nvfp4 from the (editable) checkout: -B, so it leaves no __pycache__ there
+    assert str(wheel) in calls[2] and calls[2][:2] == ["-B", "-c"]
+    assert not canary.exists()
