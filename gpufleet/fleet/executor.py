@@ -16,6 +16,7 @@ from gpufleet.kernel import buildcache
 from gpufleet.remote import text as remote_text
 from gpufleet.fleet import hoststate, staging
 from gpufleet.wheels import push
+from gpufleet.engine import detached
 from gpufleet.engine.command import Cmd
 from gpufleet.errors import GpufleetError, RemoteCommandError
 from gpufleet.facts.checkout import redact_url
@@ -30,6 +31,7 @@ from gpufleet.roleapi import Selection, needs
 from gpufleet.wheels.push import PushItem
 
 TOOLS_DIR = "/var/cache/gpufleet/tools"  # gpufleet's own pip wheel on each host
+JOBS_DIR = "/var/lib/gpufleet/jobs"  # detached installs into a staged venv: their logs and exit codes, per run
 RESOLVER_PIP = "26.3"  # the pip that resolves and installs on every host: its dry run reads metadata only
 
 # Entry statuses: planned (dry run), unchanged (the role said so), done-already (its `needed` check said so at
@@ -147,6 +149,7 @@ class _HostRun:
         self.report = HostReport(session.name, upgrade.dry_run)
         self._resolver: Upload | None = None
         self.stage: staging.Stage | None = None  # while set, roles plan and change the staged copy of the venv
+        self.jobs_used = False
         self.in_place = False  # the filesystem cannot swap directories: the venv is changed where it is
         self.stage_changed = False
 
@@ -296,6 +299,7 @@ class _HostRun:
             if self.report.outcome == "running":  # an unexpected exception is on its way up
                 self.report.outcome, self.report.error = "failed", "interrupted"
             self.audit()
+            self.remove_jobs()
             if not self.up.host_lock_held:
                 try:
                     hoststate.release_claim(self.session, run)
@@ -407,9 +411,15 @@ class _HostRun:
             staged = self.stage is not None and changes_venv(step)
             if staged:  # a run that dies from here on leaves the copy marked half-changed: the next run discards it
                 staging.mark(self.session, self.session.host.venv, "dirty")
-            for cmd in step.commands:
+            for i, cmd in enumerate(step.commands):
                 if step.resumable:
                     self.run_resumable(cmd, step.title, timeout=timeout)
+                elif staged:
+                    # detached from the connection: a dropped link or a restarted sshd neither kills pip halfway nor
+                    # turns an install that finished into a failure; a reconnect follows the same job to its end
+                    job = self.step_job(step, i)
+                    self.run_resumable(detached.wait_cmd(job, cmd, poll=1.0), step.title, timeout=timeout,
+                                       shown=brief(cmd))
                 else:
                     self.run(cmd, step.title, timeout=timeout, echo=self.up.say)
             for cmd in step.verify:
@@ -429,20 +439,36 @@ class _HostRun:
         finally:
             entry.seconds = time.monotonic() - started
 
-    def run(self, cmd: Cmd, step: str, **options):
+    def remove_jobs(self) -> None:
+        """The run's detached installs are over (their output is in the report and the errors): drop their logs."""
+        if not self.jobs_used:
+            return
+        try:
+            self.session.run(Cmd.of("rm", "-rf", "--", f"{JOBS_DIR}/{self.up.run.token}"), step="remove job logs",
+                             check=False)
+        except GpufleetError as exc:
+            self.say(f"could not remove {JOBS_DIR}/{self.up.run.token}: {exc}")
+
+    def step_job(self, step: Step, index: int) -> detached.Job:
+        """The detached job of one command of one step in this run (a later run never picks up its result)."""
+        self.jobs_used = True
+        key = sha256_text(f"{self.up.run.token}\0{step.role}\0{step.title}\0{index}")
+        return detached.Job(f"gpufleet-step-{key[:12]}", f"{JOBS_DIR}/{self.up.run.token}/{key[:12]}")
+
+    def run(self, cmd: Cmd, step: str, shown: str | None = None, **options):
         """session.run, with inline scripts abbreviated in the error (its output tail says what went wrong)."""
         result = self.session.run(cmd, step=step, check=False, **options)
         if not result.ok:
-            raise RemoteCommandError(result, cmd, shown=brief(cmd))
+            raise RemoteCommandError(result, cmd, shown=shown or brief(cmd))
         return result
 
-    def run_resumable(self, cmd: Cmd, step: str, timeout: float | None):
+    def run_resumable(self, cmd: Cmd, step: str, timeout: float | None, shown: str | None = None):
         """Run a command that is safe to re-run; when the connection drops, reconnect and run it again."""
         deadline = time.monotonic() + self.up.reconnect_for
         delay = 1.0
         while True:
             try:
-                return self.run(cmd, step, timeout=timeout, echo=self.up.say)
+                return self.run(cmd, step, shown=shown, timeout=timeout, echo=self.up.say)
             except RemoteCommandError as exc:
                 if exc.exit_code is not None or time.monotonic() > deadline:
                     raise
@@ -574,3 +600,9 @@ def _unpacked(wheel: Path) -> int:
             return sum(info.file_size for info in z.infolist())
     except (OSError, zipfile.BadZipFile):
         return wheel.stat().st_size  # not a zip: the hash check on the host will say so; count it as it is
+
+
+def sha256_text(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -6,6 +6,8 @@ job_state() {
     if [ -s "$1" ]; then echo "finished $(cat -- "$1")"
     elif systemctl is-active --quiet -- "$2" 2>/dev/null; then echo running
     elif [ -s "$3" ] && kill -0 "$(cat -- "$3")" 2>/dev/null; then echo running
+    # the job may have written its exit code and ended between the first look and the two after it
+    elif [ -s "$1" ]; then echo "finished $(cat -- "$1")"
     else echo absent
     fi
 }

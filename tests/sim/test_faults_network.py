@@ -144,8 +144,8 @@ def rerun_changes_nothing(inventory: Path, host: str) -> None:
 @pytest.mark.parametrize("keepalive", [15, 1], ids=["link-survives", "declared-lost"])
 def test_link_cut_for_ten_seconds_while_pip_installs_torch(gpu1, tmp_path, keepalive):
     """pip runs (and ends) on the host while its link is down for 10 s. With the default keepalive the connection
-    outlives the cut and the upgrade completes; with keepalive 1 (dead after 3 s unanswered) the connection is
-    declared lost: the run fails naming it, and a re-run finds the install done and converges."""
+    outlives the cut; with keepalive 1 (dead after 3 s unanswered) it is declared lost, and the run reconnects and
+    follows the same detached install to its end: the upgrade completes either way, and a re-run changes nothing."""
     fleet = gpu1
     inventory = write_inventory(fleet, tmp_path / "hosts.toml", ["gpu1"],
                                 extra=f"[settings]\nkeepalive = {keepalive}\n")
@@ -164,17 +164,13 @@ def test_link_cut_for_ten_seconds_while_pip_installs_torch(gpu1, tmp_path, keepa
     finally:
         held.close()
     text = held.output.read_text()
-    if keepalive == 15:
-        assert rc == 0 and report["outcome"] == "ok", (report, text[-3000:])
-        assert [(e["role"], e["status"]) for e in report["entries"]][:2] == [("torch", "changed"),
-                                                                             ("flashinfer", "changed")]
-        assert not lock_held(fleet, "gpu1") and last_audit(fleet, "gpu1")["outcome"] == "ok"
-    else:
-        assert rc != 0 and report["outcome"] == "failed", (report, text[-3000:])
-        torch = report["entries"][0]
-        assert (torch["role"], torch["status"]) == ("torch", "failed"), report["entries"]
-        assert "connection lost" in report["error"] and "gpu1" in report["error"], report["error"]
-        assert "Traceback" not in text, text[-3000:]
+    assert rc == 0 and report["outcome"] == "ok", (report, text[-3000:])
+    assert [(e["role"], e["status"]) for e in report["entries"]][:2] == [("torch", "changed"),
+                                                                         ("flashinfer", "changed")]
+    assert not lock_held(fleet, "gpu1") and last_audit(fleet, "gpu1")["outcome"] == "ok"
+    assert "Traceback" not in text, text[-3000:]
+    if keepalive == 1:
+        assert "connection lost during 'install torch" in text and "reattaching" in text, text[-3000:]
     # A re-run (the lock of a run that lost its host is taken over when its holder is gone) converges.
     proc, [again] = inv_json("upgrade", "--inventory", str(inventory), "--host", "gpu1")
     assert proc.returncode == 0 and again["outcome"] == "ok", (again, proc.stderr[-3000:])

@@ -83,3 +83,20 @@ def test_follow_echoes_the_log_while_the_job_runs_and_returns_its_code(job):
     seen: list[str] = []
     assert detached.follow(LocalSession(), job, echo=seen.append, poll=0.1, timeout=30) == 5
     assert [line.split("] ", 1)[-1] for line in seen] == ["step 1", "step 2", "step 3"]
+
+
+def test_a_job_that_ends_between_the_looks_is_finished_not_absent(tmp_path):
+    """The exit-code file appears just after job_state's first look (here: while it asks systemctl)."""
+    import subprocess
+
+    from gpufleet import remote
+
+    rc = tmp_path / "exit-code"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "systemctl").write_text(f"#!/bin/sh\necho 0 > {rc}\nexit 3\n")  # the unit ends as it is asked about
+    (fake / "systemctl").chmod(0o755)
+    script = remote.text("job_state.sh") + 'job_state "$@"\n'
+    proc = subprocess.run(["bash", "-c", script, "job-state", str(rc), "gpufleet-step-x", str(tmp_path / "pid")],
+                          capture_output=True, text=True, env={"PATH": f"{fake}:/usr/bin:/bin"})
+    assert proc.stdout.strip() == "finished 0"

@@ -196,7 +196,9 @@ def test_a_venv_change_is_planned_again_against_the_staged_copy_then_switched_an
         < i("install torch: verify") < i("venv: mark the staged copy clean") < i("server running?") \
         < i("venv: switch to the staged copy")
     [cmd] = [c for s, c in session.calls if s == "install torch"]
-    assert cmd.argv[0] == f"{STAGE}/bin/pip"
+    assert cmd.argv[:2] == ("bash", "-c") and "job-wait" in cmd.argv  # detached from the connection
+    assert f"{STAGE}/bin/pip x" in cmd.display() and "gpufleet-step-" in cmd.display()
+    assert "remove job logs" in session.steps
     assert [e.status for e in report.entries] == ["changed", "changed"]
     assert report.entries[-1].item.title == "switch /root/venv to the staged copy in one atomic swap"
     assert report.staged_venv == STAGE and report.server_stopped is None
