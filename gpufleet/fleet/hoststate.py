@@ -243,7 +243,7 @@ def snapshot(session, run: RunInfo) -> str:
     host = session.host
     now = utc_now()
     manifest = json.dumps({"host": host.name, "created": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "by": run.who,
-                           "command": run.command, "venv": host.venv, "checkout": host.sglang_checkout,
+                           "command": run.command, "pid": run.pid, "venv": host.venv, "checkout": host.sglang_checkout,
                            "unit": unit_name(host.service)}, sort_keys=True)
     cmd = Cmd.of("bash", "-c", remote.text("snapshot.sh"), "snapshot", host.venv, host.sglang_checkout,
                  unit_name(host.service), now.strftime("%Y%m%dT%H%M%SZ"), manifest,

@@ -11,11 +11,11 @@ from gpufleet.config.stack import Stack
 from gpufleet.engine.command import Cmd
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.script import unit_name
-from gpufleet.fleet import lockstate, rollback
+from gpufleet.fleet import hoststate, lockstate, rollback
 from gpufleet.fleet.executor import Executor, HostReport
 from gpufleet.fleet.health import Gate
 from gpufleet.fleet.hoststate import RunInfo
-from gpufleet.fleet.roll import RollSummary, RunRecord
+from gpufleet.fleet.roll import HostResult, RollSummary, RunRecord
 from gpufleet.roleapi import Selection
 from gpufleet.roles.model_server import ModelServer, served_name
 from gpufleet.wheels.fetch import WheelCache
@@ -67,9 +67,12 @@ class RollProcedures:
                  summary: RollSummary, record: RunRecord, given: lock.FleetLock | None = None,
                  secrets: dict[str, str] | None = None, download: bool = False,
                  command_timeout: float | None = None, selection: Selection | None = None,
-                 snapshots_keep: int | None = None, wheels: WheelCache | None = None):
+                 snapshots_keep: int | None = None, wheels: WheelCache | None = None,
+                 reconnect_for: float = rollback.RECONNECT_FOR, interrupted: RollSummary | None = None):
         self.kind, self.stacks, self.repo, self.summary, self.record = kind, stacks, repo, summary, record
-        self.command = run.command
+        self.command, self.run = run.command, run
+        self.reconnect_for = reconnect_for  # how long a rollback waits for a host that dropped off (a reboot)
+        self.interrupted = interrupted  # the stopped roll a --resume continues: its hosts in flight are re-checked
         self.selection = selection
         self.upgrader = Executor(roles=_upgrade_roles(), run=run, repo=repo, say=say, wheels=wheels or WheelCache(),
                                  command_timeout=command_timeout, selection=selection, snapshots_keep=snapshots_keep)
@@ -83,6 +86,7 @@ class RollProcedures:
     def procedure(self, session, result, log) -> None:
         st = self.stacks[session.name]
         changed = False
+        self._recheck(session, result, log)
         if self.kind == "upgrade":
             changed |= self._upgrade(session, st, result, log)
         prefix = f"[{session.name}] "
@@ -115,7 +119,7 @@ class RollProcedures:
             result.steps.append("server stopped")
         report = self.upgrader.host(session, st)
         self.handed[session.name] = report.wheels
-        result.snapshot = report.snapshot
+        result.snapshot = result.snapshot or report.snapshot  # a re-checked host keeps the interrupted run's one
         if not report.ok:
             raise StepFailed(f"upgrade of {session.name}: {report.error}")
         result.steps.append(f"upgrade: {len(report.with_status('changed'))} step(s) changed")
@@ -168,12 +172,41 @@ class RollProcedures:
                 return found
         return None
 
-    def recover(self, session, result, log) -> None:
-        """Restore the snapshot taken before the host's upgrade; bring its server back healthy if it was running."""
+    def _recheck(self, session, result: HostResult, log) -> None:
+        """A host the resumed roll left in flight (killed, or stopped by a second Ctrl-C) is in an unknown state:
+        find the snapshot that run took before changing it, so a failure now restores the host as it was before
+        that run (not a snapshot of whatever that run left); the plan then shows whether it is on the old stack,
+        the new one, or between."""
+        before = self.interrupted
+        if before is None or before.results.get(session.name) is None:
+            return
+        previous = before.results[session.name]
+        if previous.outcome not in ("running", "interrupted") and not (previous.outcome == "not-reached"
+                                                                       and previous.started):
+            return
+        snap = previous.snapshot or rollback.snapshot_of_run(session, before.started, before.pid, before.command)
+        where = f"roll {before.started} left {session.name} in an unknown state ({previous.outcome})"
+        if snap:
+            result.snapshot = snap
+            log(f"{where}: re-checking it; that run saved the host before changing it in {snap}: a failure now "
+                f"rolls back to that")
+            result.steps.append(f"re-checked after the interrupted roll {before.started}: its snapshot {snap}")
+        else:
+            log(f"{where}: re-checking it; that run took no snapshot here, so it changed nothing on it")
+            result.steps.append(f"re-checked after the interrupted roll {before.started}: it changed nothing here")
+
+    def recover(self, session, result, log) -> bool:
+        """Restore the snapshot taken before the host's upgrade; bring its server back healthy if it was running.
+        Waits (bounded) for a host that dropped off, e.g. rebooting; False when there was nothing to undo."""
+        rollback.reach(session, self.reconnect_for, log)
+        try:  # a lock this roll took and could not release when the link broke (token-checked: only ours)
+            hoststate.release_claim(session, self.run)
+        except GpufleetError as exc:
+            log(f"could not release this roll's lock on {session.name}: {exc}")
         if not result.snapshot:
             log("nothing was changed before the failure: nothing to roll back")
-            result.steps.append("rollback: nothing to undo")
-            return
+            result.steps.append("rollback: nothing to undo (this run changed nothing)")
+            return False
         info = rollback.describe(session, result.snapshot)
         rollback.restore(session, info, say=log)
         result.steps.append(f"rolled back to {result.snapshot}")
@@ -184,3 +217,4 @@ class RollProcedures:
             st = self.stacks[session.name]
             health = Gate(session, st, say=log).run(served_name(session.host, st))
             result.steps.append(f"healthy again on the old stack after {health['health_seconds']} s")
+        return True
