@@ -179,7 +179,7 @@ def test_sigkill_mid_install_then_resume_takes_over_the_lock_rechecks_and_conver
     # the killed roll is reported (and now recorded) as interrupted; its host re-checked; its lock taken over
     old = json.loads(path.read_text())
     assert old["status"] == "interrupted" and old["results"][0]["outcome"] == "interrupted", old
-    assert f"pid {killed['pid']} was gone" in old["note"]
+    assert f"(pid {killed['pid']}) was gone" in old["note"]
     assert resumed["status"] == "completed" and resumed["results"][0]["outcome"] == "ok", resumed
     steps = " ".join(resumed["results"][0]["steps"])
     assert f"re-checked after the interrupted roll {killed['started']}: its snapshot /var/lib/gpufleet/snapshots/" \
