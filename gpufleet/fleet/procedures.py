@@ -51,6 +51,16 @@ def deploy_one(run: Executor, session, host_stack, say) -> Deployed:
     return done
 
 
+def _logged(say, record: RunRecord):
+    """An executor's say: each line (`[host] text`) to the roll's output and into that host's log in the record
+    (with --json the output shows nothing: the log keeps what happened, a stale lock taken over included)."""
+    def both(line: str) -> None:
+        say(line)
+        if line.startswith("[") and "] " in line:
+            record.log(line[1:line.index("] ")], line[line.index("] ") + 2:])
+    return both
+
+
 def _upgrade_roles():
     from gpufleet.roles import ROLES
 
@@ -74,6 +84,7 @@ class RollProcedures:
         self.reconnect_for = reconnect_for  # how long a rollback waits for a host that dropped off (a reboot)
         self.interrupted = interrupted  # the stopped roll a --resume continues: its hosts in flight are re-checked
         self.selection = selection
+        say = _logged(say, record)  # what the executors say lands in each host's log of the record too
         self.upgrader = Executor(roles=_upgrade_roles(), run=run, repo=repo, say=say, wheels=wheels or WheelCache(),
                                  command_timeout=command_timeout, selection=selection, snapshots_keep=snapshots_keep)
         self.deployer = Executor(roles=[ModelServer(secrets=secrets or {}, download=download)], run=run, repo=repo,
@@ -186,6 +197,14 @@ class RollProcedures:
             return
         snap = previous.snapshot or rollback.snapshot_of_run(session, before.started, before.pid, before.command)
         where = f"roll {before.started} left {session.name} in an unknown state ({previous.outcome})"
+        try:  # the audit log learns what became of that run here (a killed run wrote no line of its own)
+            hoststate.append_audit(session, {
+                "when": hoststate.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "who": self.run.who, "pid": before.pid,
+                "command": before.command, "host": session.name, "roll": before.started,
+                "kind": f"{before.kind} roll", "outcome": "interrupted", "snapshot": snap,
+                "error": f"found by the --resume of pid {self.run.pid}: {before.note or 'the roll stopped'}"})
+        except GpufleetError as exc:
+            log(f"could not append to {hoststate.AUDIT_LOG}: {exc}")
         if snap:
             result.snapshot = snap
             log(f"{where}: re-checking it; that run saved the host before changing it in {snap}: a failure now "

@@ -97,7 +97,7 @@ def reach(session, seconds: float, say=print, clock=time.monotonic, sleep=time.s
         delay = min(delay * 2, 10.0)
     # back: let its boot finish (units started) before restoring anything; degraded or not, the restore judges
     session.run(Cmd.of("systemctl", "is-system-running", "--wait"), step="boot finished?", check=False,
-                timeout=max(30.0, min(seconds, 300.0)))
+                timeout=max(30.0, min(seconds, 120.0)))
     say(f"{session.name} answers again after {clock() - started:.0f} s")
 
 

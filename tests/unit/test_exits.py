@@ -208,6 +208,8 @@ def test_resume_rechecks_a_host_in_flight_against_that_runs_snapshot(tmp_path):
     steps._recheck(session, result, said.append)
     assert result.snapshot == "/var/lib/gpufleet/snapshots/2026-12-02T10:00:07Z"
     assert "left gpu2 in an unknown state (interrupted): re-checking it" in said[0]
+    [audit] = [json.loads(cmd.argv[-1]) for step, cmd in session.calls if step == "audit log"]
+    assert audit["outcome"] == "interrupted" and audit["roll"] == before.started and audit["pid"] == 42
     fresh = HostResult("gpu1")  # finished in that roll: nothing to re-check
     steps._recheck(FakeSession(name="gpu1"), fresh, said.append)
     assert fresh.snapshot is None and len(said) == 1
