@@ -227,3 +227,40 @@ def test_host_rebooted_mid_roll_is_waited_for_and_rolled_back(sim_fleet, hosts, 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert again["status"] == "completed" and again["results"][0]["outcome"] == "ok"
     assert _on_a_stack(fleet, "gpu2") == "new" and not _locked(fleet, "gpu2")
+
+
+@pytest.mark.parametrize("hosts", [["gpu1"]], indirect=True)
+def test_second_ctrl_c_stops_now_records_state_unknown_and_resume_converges(sim_fleet, hosts, tmp_path):
+    fleet = sim_fleet
+    inventory = write_inventory(fleet, tmp_path / "hosts.toml", hosts, extra=FAST)
+    _hold_pip(fleet, "gpu1")
+    run = _Run(tmp_path, "upgrade", "--hosts", "gpu1", "--canary", "gpu1", "--inventory", str(inventory))
+    try:
+        run.wait_for("pip held on gpu1", lambda: fleet.run_on("gpu1", f"test -e {HELD}", check=False).returncode == 0)
+        run.proc.send_signal(signal.SIGINT)
+        run.wait_for("the interrupt line", lambda: "Ctrl-C again to stop now" in run.text(), timeout=30)
+        run.proc.send_signal(signal.SIGINT)
+        code = run.finish(timeout=60)  # stops now: pip is still held on the host
+        assert fleet.run_on("gpu1", f"test -e {HOLD}", check=False).returncode == 0
+    finally:
+        fleet.run_on("gpu1", f"rm -f {HOLD}", check=False)
+    text = run.text()
+    assert code == 130 and "Traceback" not in text, text[-6000:]
+    assert "[gpu1] stopped now during:" in text and "its state is unknown" in text, text[-3000:]
+    path, summary = _summary()
+    _no_running(summary)
+    [result] = summary["results"]
+    assert summary["status"] == "interrupted" and result["outcome"] == "interrupted", summary
+    assert "upgrade --resume` re-checks it" in result["error"] and "rollback --host gpu1" in result["error"]
+    last = _audit(fleet, "gpu1")[-1]
+    assert last["outcome"] == "interrupted" and last["roll"] == summary["started"] and last["doing"], last
+    holder = fleet.run_on("gpu1", "cat /var/lib/gpufleet/lock/holder").stdout  # left for the next run to take over
+    assert f"pid={run.proc.pid}\n" in holder
+    fleet.run_on("gpu1", "for i in $(seq 100); do pgrep -f 'pip install' >/dev/null || exit 0; sleep 0.3; done",
+                 check=False)
+
+    proc, resumed = inv_json("upgrade", "--resume", "--inventory", str(inventory))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert resumed["status"] == "completed" and resumed["results"][0]["outcome"] == "ok"
+    assert "re-checked after the interrupted roll" in " ".join(resumed["results"][0]["steps"])
+    assert _on_a_stack(fleet, "gpu1") == "new" and not _locked(fleet, "gpu1")
