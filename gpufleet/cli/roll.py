@@ -58,33 +58,36 @@ def roll(target: Target) -> int:
     summary.results = {h.name: (previous.results[h.name] if previous and h.name in skip else HostResult(h.name))
                        for h in chosen}
     record = RunRecord(runs_dir(fleet_dir() / "runs"), summary)
-    say(f"rolling {kind} over {len(chosen)} host(s): {' | '.join(', '.join(b) for b in summary.batches)}; "
-        f"record in {record.dir}")
-    run = RunInfo.current(target.command)
-    settings = target.inventory.settings
-    steps = RollProcedures(kind, stacks=target.stacks, repo=fleet_dir(), run=run, say=say,
-                           summary=summary, record=record, given=target.lock, secrets=target.secrets,
-                           download=target.download, command_timeout=settings.command_timeout,
-                           selection=target.chosen_roles, snapshots_keep=settings.snapshots_keep,
-                           wheels=WheelCache(progress=_download_progress(target)),
-                           reconnect_for=settings.reconnect_for, interrupted=previous)
-    roller = Roll(target.inventory, steps.procedure, None if target.roll.no_rollback else steps.recover,
-                  max_fail=int(target.roll.max_fail), say=say, secrets=hidden, run_info=run)
-    tell = (lambda line: emit(mask(line, hidden), sys.stderr)) if target.json else say
-    interrupts = Interrupts(tell, lambda: sorted(roller.doing) or in_flight(summary),
-                            lambda: _abandon(target, summary, record, roller, run),
-                            doing="finishing (or restoring, if it fails)")
-    roller.stopping = interrupts.requested
-    try:
+    try:  # from here on, whatever ends the roll leaves a record that says so
+        say(f"rolling {kind} over {len(chosen)} host(s): {' | '.join(', '.join(b) for b in summary.batches)}; "
+            f"record in {record.dir}")
+        run = RunInfo.current(target.command)
+        settings = target.inventory.settings
+        steps = RollProcedures(kind, stacks=target.stacks, repo=fleet_dir(), run=run, say=say,
+                               summary=summary, record=record, given=target.lock, secrets=target.secrets,
+                               download=target.download, command_timeout=settings.command_timeout,
+                               selection=target.chosen_roles, snapshots_keep=settings.snapshots_keep,
+                               wheels=WheelCache(progress=_download_progress(target)),
+                               reconnect_for=settings.reconnect_for, interrupted=previous)
+        roller = Roll(target.inventory, steps.procedure, None if target.roll.no_rollback else steps.recover,
+                      max_fail=int(target.roll.max_fail), say=say, secrets=hidden, run_info=run)
+        tell = (lambda line: emit(mask(line, hidden), sys.stderr)) if target.json else say
+        interrupts = Interrupts(tell, lambda: sorted(roller.doing) or in_flight(summary),
+                                lambda: _abandon(target, summary, record, roller, run),
+                                doing="finishing (or restoring, if it fails)")
+        roller.stopping = interrupts.requested
         with interrupts:
             if target.json or not render.console.is_terminal:
                 roller.run(chosen, summary, record, skip=skip)
             else:
                 _run_live(roller, chosen, summary, record, skip, hidden, say)
     except BaseException as exc:
-        if summary.status == "running":  # an unexpected error (a bug): the records still say what is known
-            record.abandon("failed", f"stopped by an unexpected error: {type(exc).__name__}: {exc}",
-                           _unknown(kind))
+        if summary.status == "running":  # an unexpected error (a bug), or Ctrl-C outside the guard: still recorded
+            if isinstance(exc, KeyboardInterrupt):
+                record.abandon("interrupted", "interrupted (Ctrl-C)", _unknown(kind))
+            else:
+                record.abandon("failed", f"stopped by an unexpected error: {type(exc).__name__}: {exc}",
+                               _unknown(kind))
         raise
     if target.json:
         render.print_json(summary.to_json())
