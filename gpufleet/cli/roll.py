@@ -23,8 +23,8 @@ from gpufleet.engine.output import emit
 from gpufleet.fleet import hoststate
 from gpufleet.fleet.hoststate import RunInfo
 from gpufleet.fleet.procedures import RollProcedures
-from gpufleet.fleet.roll import (HostResult, Roll, RollSummary, RunRecord, in_flight, mark_killed, runs_dir,
-                                 utc_stamp)
+from gpufleet.fleet.roll import (HostResult, Roll, RollSummary, RunRecord, in_flight, mark_killed, note_doing,
+                                 runs_dir, utc_stamp)
 from gpufleet.engine.runner import session_for
 
 STYLE = {"ok": "green", "unchanged": "green", "failed": "red", "rolled-back": "yellow", "rollback-failed": "bold red",
@@ -63,14 +63,19 @@ def roll(target: Target) -> int:
             f"record in {record.dir}")
         run = RunInfo.current(target.command)
         settings = target.inventory.settings
-        steps = RollProcedures(kind, stacks=target.stacks, repo=fleet_dir(), run=run, say=say,
+        doing: dict[str, str] = {}  # host in flight -> its last line, whoever said it
+
+        def said(line: str) -> None:
+            note_doing(doing, line)
+            say(line)
+        steps = RollProcedures(kind, stacks=target.stacks, repo=fleet_dir(), run=run, say=said,
                                summary=summary, record=record, given=target.lock, secrets=target.secrets,
                                download=target.download, command_timeout=settings.command_timeout,
                                selection=target.chosen_roles, snapshots_keep=settings.snapshots_keep,
                                wheels=WheelCache(progress=_download_progress(target)),
                                reconnect_for=settings.reconnect_for, interrupted=previous)
         roller = Roll(target.inventory, steps.procedure, None if target.roll.no_rollback else steps.recover,
-                      max_fail=int(target.roll.max_fail), say=say, secrets=hidden, run_info=run)
+                      max_fail=int(target.roll.max_fail), say=said, secrets=hidden, run_info=run, doing=doing)
         tell = (lambda line: emit(mask(line, hidden), sys.stderr)) if target.json else say
         interrupts = Interrupts(tell, lambda: sorted(roller.doing) or in_flight(summary),
                                 lambda: _abandon(target, summary, record, roller, run),

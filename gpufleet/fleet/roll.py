@@ -167,6 +167,14 @@ class RunRecord:
         return marked
 
 
+def note_doing(doing: dict[str, str], line: str) -> None:
+    """A `[host] text` line of a host in flight becomes what that host is doing (for a second Ctrl-C to say)."""
+    if line.startswith("[") and "] " in line:
+        host = line[1:line.index("] ")]
+        if host in doing:
+            doing[host] = line[line.index("] ") + 2:]
+
+
 def in_flight(summary: RollSummary) -> list[str]:
     """The hosts a roll started and did not finish (a killed roll leaves them "running")."""
     return [h for h in summary.hosts if summary.results[h].outcome in IN_FLIGHT
@@ -222,7 +230,7 @@ class Roll:
     on_host_done: Callable[[HostResult], None] | None = None  # e.g. the live view
     run_info: object = None  # hoststate.RunInfo: who runs the roll, for each host's audit record (None: no record)
     stopping: threading.Event = field(default_factory=threading.Event)  # Ctrl-C: finish the hosts in flight, stop
-    doing: dict[str, str] = field(default_factory=dict)  # host in flight -> the last thing it said
+    doing: dict[str, str] = field(default_factory=dict)  # host in flight -> the last thing it said (see note_doing)
 
     def run(self, hosts: list, summary: RollSummary, record: RunRecord, skip: set[str] = frozenset()) -> RollSummary:
         by_name = {h.name: h for h in hosts}
@@ -266,6 +274,7 @@ class Roll:
             return result
         result.batch, result.started, result.error = number, utc_stamp(), None
         result.steps, result.outcome = [], "running"
+        self.doing[session.name] = "starting"
         record.save()  # a roll killed now leaves this host "running": --resume re-checks it
         started = time.monotonic()
 

@@ -272,3 +272,13 @@ def test_reconnect_for_is_validated_at_load(tmp_path):
         load_inventory(path)
     path.write_text('[settings]\nreconnect_for = 90\n[hosts.gpu1]\naddress = "10.0.0.1"\n')
     assert load_inventory(path).settings.reconnect_for == 90
+
+
+def test_what_a_host_in_flight_is_doing_is_its_last_line_whoever_said_it():
+    from gpufleet.fleet.roll import note_doing
+
+    doing = {"gpu1": "starting"}
+    note_doing(doing, "[gpu1] torch: install torch 2.12")
+    note_doing(doing, "[gpu2] flashinfer: install")  # not in flight: not recorded
+    note_doing(doing, "batch 2/3: gpu2")
+    assert doing == {"gpu1": "torch: install torch 2.12"}
