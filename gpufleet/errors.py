@@ -59,3 +59,8 @@ class RemoteCommandError(GpufleetError):
         if self.output_tail.strip():
             msg += "\n--- last lines of output ---\n" + self.output_tail.rstrip()
         super().__init__(msg)
+
+
+class ConnectionLost(RemoteCommandError, UnreachableError):
+    """The SSH connection broke under a command or a transfer (EOF, reset, dead transport): exit_code is None (the
+    contract a resumable step's reconnect relies on); a host that stopped answering is unreachable too (exit 3)."""

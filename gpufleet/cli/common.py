@@ -17,6 +17,7 @@ from gpufleet.facts.gather import gather_facts
 from gpufleet.config.inventory import Inventory, load_inventory, select_hosts
 from gpufleet.engine.runner import for_each_host
 from gpufleet.config.stack import Stack, load_stack
+from gpufleet.fleet import hoststate
 from gpufleet.fleet.status import compare, unreachable
 
 if TYPE_CHECKING:
@@ -120,15 +121,36 @@ def facts(target: Target) -> int:
     return exit_code(out.kind for out in outcomes)
 
 
+def _facts_and_lock(session):
+    return gather_facts(session), hoststate.read_holder(session)
+
+
+def held_lock(claim) -> dict | None:
+    """A host's lock as `inv status` shows it: the holder, and whether it still runs (live / stale / unknown)."""
+    if claim is None:
+        return None
+    state, why = hoststate.liveness(claim)
+    return {"holder": claim.described, "state": state, "why": why}
+
+
 def status(target: Target) -> int:
-    """`inv status`: each selected host against its stack (overrides resolved before any connection)."""
+    """`inv status`: each selected host against its stack (overrides resolved before any connection), and the
+    holder of each host lock that is held."""
     stacks = target.stacks
-    outcomes = for_each_host(list(target.hosts), target.inventory, gather_facts)
-    rows = []
+    outcomes = for_each_host(list(target.hosts), target.inventory, _facts_and_lock)
+    rows, locks = [], {}
     for h, out in zip(target.hosts, outcomes):
-        rows.append(compare(h, stacks[h.name], out.value) if out.ok else unreachable(h.name, out.error, out.kind))
+        rows.append(compare(h, stacks[h.name], out.value[0]) if out.ok else unreachable(h.name, out.error, out.kind))
+        locks[h.name] = held_lock(out.value[1]) if out.ok else None
     if target.json:
-        render.print_json([r.to_json() for r in rows])
+        render.print_json([{**r.to_json(), "lock": locks[h.name]} for h, r in zip(target.hosts, rows)])
     else:
         render.print_status(rows)
+        for name, held in locks.items():
+            if held:
+                style = "yellow" if held["state"] == "live" else "red"
+                render.console.print(f"[{style}]{escape(name)}: locked[/] by {escape(held['holder'])}: "
+                                     f"{held['state']} ({escape(held['why'])})"
+                                     + ("" if held["state"] == "live" else f"; `{prog()} unlock --host "
+                                        f"{escape(name)}` shows and removes it"))
     return exit_code(out.kind if not out.ok else ("ok" if row.ok else "drift") for row, out in zip(rows, outcomes))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from rich.console import Console
 from rich.live import Live
@@ -12,18 +13,22 @@ from rich.table import Table
 from gpufleet.wheels.fetch import WheelCache
 from gpufleet.cli import downloads
 from gpufleet.cli import render
-from gpufleet.cli.common import exit_code
-from gpufleet.cli.fleetdir import fleet_dir
+from gpufleet.cli.common import EXIT_INTERRUPTED, exit_code
+from gpufleet.cli.fleetdir import fleet_dir, prog
+from gpufleet.cli.interrupts import Interrupts, raw
 from gpufleet.cli.progress import RollProgress
 from gpufleet.cli.target import Target
 from gpufleet.engine.command import mask
 from gpufleet.engine.output import emit
+from gpufleet.fleet import hoststate
 from gpufleet.fleet.hoststate import RunInfo
 from gpufleet.fleet.procedures import RollProcedures
-from gpufleet.fleet.roll import HostResult, Roll, RollSummary, RunRecord, runs_dir, utc_stamp
+from gpufleet.fleet.roll import (HostResult, Roll, RollSummary, RunRecord, in_flight, mark_killed, note_doing,
+                                 runs_dir, utc_stamp)
+from gpufleet.engine.runner import session_for
 
 STYLE = {"ok": "green", "unchanged": "green", "failed": "red", "rolled-back": "yellow", "rollback-failed": "bold red",
-         "unreachable": "red", "hostkey": "red", "not-reached": "dim"}
+         "unreachable": "red", "hostkey": "red", "not-reached": "dim", "interrupted": "bold red", "running": "red"}
 
 
 def roll(target: Target) -> int:
@@ -34,6 +39,13 @@ def roll(target: Target) -> int:
     say = _Sink((lambda line: None) if target.json else (lambda line: emit(mask(line, hidden))))
     previous = target.resumed.summary if target.resumed else None
     if target.resumed:
+        if previous.status == "running":  # last_stopped found its process gone: killed
+            say(f"the roll of {target.resumed.dir.name} was killed (pid {previous.pid} is gone): "
+                + mark_killed(target.resumed.dir, previous))
+        unknown = in_flight(previous)
+        if unknown:
+            say(f"{', '.join(unknown)}: in flight when that roll stopped, state unknown: re-checked before anything "
+                f"else (the snapshot that roll took is the rollback target)")
         skip = {h for h, r in previous.results.items() if r.outcome in ("ok", "unchanged")}
         say(f"resuming the roll of {target.resumed.dir.name}: {', '.join(sorted(skip)) or 'no host'} done already")
     else:
@@ -46,30 +58,94 @@ def roll(target: Target) -> int:
     summary.results = {h.name: (previous.results[h.name] if previous and h.name in skip else HostResult(h.name))
                        for h in chosen}
     record = RunRecord(runs_dir(fleet_dir() / "runs"), summary)
-    say(f"rolling {kind} over {len(chosen)} host(s): {' | '.join(', '.join(b) for b in summary.batches)}; "
-        f"record in {record.dir}")
-    steps = RollProcedures(kind, stacks=target.stacks, repo=fleet_dir(), run=RunInfo.current(target.command), say=say,
-                           summary=summary, record=record, given=target.lock, secrets=target.secrets,
-                           download=target.download, command_timeout=target.inventory.settings.command_timeout,
-                           selection=target.chosen_roles, snapshots_keep=target.inventory.settings.snapshots_keep,
-                           wheels=WheelCache(progress=_download_progress(target)))
-    roller = Roll(target.inventory, steps.procedure, None if target.roll.no_rollback else steps.recover,
-                  max_fail=int(target.roll.max_fail), say=say, secrets=hidden)
-    if target.json or not render.console.is_terminal:
-        roller.run(chosen, summary, record, skip=skip)
-    else:
-        _run_live(roller, chosen, summary, record, skip, hidden, say)
+    try:  # from here on, whatever ends the roll leaves a record that says so
+        say(f"rolling {kind} over {len(chosen)} host(s): {' | '.join(', '.join(b) for b in summary.batches)}; "
+            f"record in {record.dir}")
+        run = RunInfo.current(target.command)
+        settings = target.inventory.settings
+        doing: dict[str, str] = {}  # host in flight -> its last line, whoever said it
+
+        def said(line: str) -> None:
+            note_doing(doing, line)
+            say(line)
+        steps = RollProcedures(kind, stacks=target.stacks, repo=fleet_dir(), run=run, say=said,
+                               summary=summary, record=record, given=target.lock, secrets=target.secrets,
+                               download=target.download, command_timeout=settings.command_timeout,
+                               selection=target.chosen_roles, snapshots_keep=settings.snapshots_keep,
+                               wheels=WheelCache(progress=_download_progress(target)),
+                               reconnect_for=settings.reconnect_for, interrupted=previous)
+        roller = Roll(target.inventory, steps.procedure, None if target.roll.no_rollback else steps.recover,
+                      max_fail=int(target.roll.max_fail), say=said, secrets=hidden, run_info=run, doing=doing)
+        tell = (lambda line: emit(mask(line, hidden), sys.stderr)) if target.json else say
+        interrupts = Interrupts(tell, lambda: sorted(roller.doing) or in_flight(summary),
+                                lambda: _abandon(target, summary, record, roller, run),
+                                doing="finishing (or restoring, if it fails)")
+        roller.stopping = interrupts.requested
+        with interrupts:
+            if target.json or not render.console.is_terminal:
+                roller.run(chosen, summary, record, skip=skip)
+            else:
+                _run_live(roller, chosen, summary, record, skip, hidden, say)
+    except BaseException as exc:
+        if summary.status == "running":  # an unexpected error (a bug), or Ctrl-C outside the guard: still recorded
+            if isinstance(exc, KeyboardInterrupt):
+                record.abandon("interrupted", "interrupted (Ctrl-C)", _unknown(kind))
+            else:
+                record.abandon("failed", f"stopped by an unexpected error: {type(exc).__name__}: {exc}",
+                               _unknown(kind))
+        raise
     if target.json:
         render.print_json(summary.to_json())
     else:
         render.console.print(outcome_table(summary))
-        render.console.print(escape(f"roll {summary.status}; record: {record.dir}"))
+        render.console.print(escape(f"roll {summary.status}; record: {record.dir}"
+                                    + ("; run again with --resume to continue" if summary.status != "completed"
+                                       else "")))
     return roll_exit_code(summary)
 
 
+def _unknown(kind: str) -> str:
+    """What a host left in flight is, and what to run ({host} filled in per host)."""
+    return (f"its state is unknown (it was being changed when the roll stopped); `{prog()} {kind} --resume` "
+            f"re-checks it and continues, `{prog()} rollback --host {{host}}` restores its snapshot")
+
+
+def _abandon(target: Target, summary: RollSummary, record: RunRecord, roller: Roll, run: RunInfo) -> None:
+    """A second Ctrl-C: the hosts in flight are left as they are; the roll record and each one's audit log say
+    their state is unknown and what to run. The lock stays on them: the next run takes it over (this pid is gone)."""
+    doing = dict(roller.doing)
+    marked = record.abandon("interrupted", "interrupted by a second Ctrl-C: hosts in flight were left as they were",
+                            _unknown(summary.kind))
+    for name in marked:
+        result = summary.results[name]
+        last = doing.get(name, "")
+        raw(f"[{name}] stopped now{f' during: {last}' if last else ''}: {result.error}\n")
+        _audit_interrupted(target, name, run, summary, result, last)
+    raw(f"roll interrupted; record: {record.dir}\n")
+
+
+def _audit_interrupted(target: Target, name: str, run: RunInfo, summary: RollSummary, result: HostResult,
+                       last: str) -> None:
+    """One audit line on the host over a fresh connection (its own one is busy in the thread left behind)."""
+    host = next((h for h in target.hosts if h.name == name), None)
+    if host is None:
+        return
+    line = {"when": hoststate.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "who": run.who, "pid": run.pid,
+            "command": run.command, "host": name, "roll": summary.started, "kind": f"{summary.kind} roll",
+            "outcome": "interrupted", "doing": last, "error": result.error, "snapshot": result.snapshot}
+    try:
+        with session_for(host, target.inventory, target.hidden) as session:
+            hoststate.append_audit(session, line)
+    except Exception as exc:  # noqa: BLE001 - the exit goes on: the roll record says it already
+        raw(f"[{name}] could not write the audit record: {exc}\n")
+
+
 def roll_exit_code(summary: RollSummary) -> int:
-    """0 when the roll completed with every host ok or unchanged; 3 when the only problem was hosts that could not
-    be reached (hosts left untouched because the roll stopped there do not count); else 1."""
+    """130 when the roll was interrupted (Ctrl-C); 0 when it completed with every host ok or unchanged; 3 when the
+    only problem was hosts that could not be reached (hosts left untouched because the roll stopped there do not
+    count); else 1."""
+    if summary.status == "interrupted":
+        return EXIT_INTERRUPTED
     kinds = ["ok" if r.outcome in ("ok", "unchanged") else r.outcome
              for r in summary.results.values() if r.outcome != "not-reached"]
     if summary.status != "completed" and all(k == "ok" for k in kinds):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from rich.markup import escape
 
 from gpufleet.cli import render
 from gpufleet.cli.common import exit_code
 from gpufleet.fleet import rollback
 from gpufleet.cli.target import Target
-from gpufleet.engine.runner import for_each_host
+from gpufleet.engine.runner import for_each_host, session_for
+from gpufleet.errors import GpufleetError
 
 
 def rollback_hosts(target: Target, *, snapshot: str | None = None, after=None) -> int:
@@ -30,6 +33,8 @@ def rollback_hosts(target: Target, *, snapshot: str | None = None, after=None) -
         return result
 
     outcomes = for_each_host(list(target.hosts), target.inventory, one)
+    if not dry_run:
+        outcomes = _after_waiting(target, outcomes, one, say)
     rows = [o.value if o.ok else {"host": o.host, "restored": False, "error": o.error, "kind": o.kind}
             for o in outcomes]
     if as_json:
@@ -43,3 +48,27 @@ def rollback_hosts(target: Target, *, snapshot: str | None = None, after=None) -
             else:
                 render.console.print(escape(f"{row['host']}: dry run, would roll back to {row['snapshot']}"))
     return exit_code(o.kind for o in outcomes)
+
+
+def _after_waiting(target: Target, outcomes, work, say):
+    """Hosts that did not answer (rebooting?) are waited for, up to settings.reconnect_for, then rolled back."""
+    waiting = [h for h, o in zip(target.hosts, outcomes) if o.kind == "unreachable" and "authentication" not in
+               (o.error or "")]
+    if not waiting:
+        return outcomes
+
+    def back(host) -> bool:
+        session = session_for(host, target.inventory, target.hidden)
+        try:
+            rollback.reach(session, target.inventory.settings.reconnect_for, lambda line: say(f"[{host.name}] {line}"))
+            return True
+        except GpufleetError as exc:
+            say(f"[{host.name}] {exc}")
+            return False
+        finally:
+            session.close()
+
+    with ThreadPoolExecutor(max_workers=min(len(waiting), target.inventory.settings.parallelism)) as pool:
+        answered = [h for h, ok in zip(waiting, pool.map(back, waiting)) if ok]
+    again = {o.host: o for o in for_each_host(answered, target.inventory, work)} if answered else {}
+    return [again.get(o.host, o) for o in outcomes]

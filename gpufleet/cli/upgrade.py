@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from rich.console import Console
@@ -10,15 +11,17 @@ from rich.table import Table
 
 from gpufleet.cli import downloads, render
 from gpufleet.fleet.executor import HostReport, Executor
-from gpufleet.cli.common import exit_code
-from gpufleet.cli.fleetdir import fleet_dir
+from gpufleet.cli.common import EXIT_INTERRUPTED, exit_code
+from gpufleet.cli.fleetdir import fleet_dir, prog
+from gpufleet.cli.interrupts import Interrupts, raw
 from gpufleet.cli.target import Target
 from gpufleet.facts.checkout import redact_url
 from gpufleet.wheels.fetch import WheelCache
+from gpufleet.fleet import hoststate
 from gpufleet.fleet.hoststate import RunInfo
 from gpufleet.engine.output import emit
 from gpufleet.plan import Step, brief
-from gpufleet.engine.runner import for_each_host
+from gpufleet.engine.runner import for_each_host, session_for
 
 STATUS_STYLE = {"planned": "[yellow]will change[/]", "unchanged": "[green]unchanged[/]",
                 "done-already": "[green]already done[/]", "changed": "[cyan]changed[/]",
@@ -38,15 +41,54 @@ def upgrade(target: Target) -> int:
                    lock=target.lock, selection=target.chosen_roles,
                    snapshots_keep=target.inventory.settings.snapshots_keep)
     stacks = target.stacks
-    outcomes = for_each_host(list(target.hosts), target.inventory,
-                             lambda session: run.host(session, stacks[session.name]))
+    busy: dict[str, str] = {}  # host being changed -> the last line it said
+
+    def one(session) -> HostReport:
+        busy[session.name] = ""
+        try:
+            return run.host(session, stacks[session.name])
+        finally:
+            busy.pop(session.name, None)
+
+    def host_say(line: str) -> None:
+        if line.startswith("[") and "] " in line:
+            name = line[1:line.index("] ")]
+            if name in busy:
+                busy[name] = line[line.index("] ") + 2:]
+        say(line)
+    run.say = host_say
+    tell = (lambda line: emit(line, sys.stderr)) if target.json else emit
+    interrupts = Interrupts(tell, lambda: sorted(busy), lambda: _abandon(target, run.run, dict(busy)),
+                            doing="finishing")
+    with interrupts if not target.dry_run else contextlib.nullcontext():  # a dry run changes nothing: Ctrl-C stops
+        outcomes = for_each_host(list(target.hosts), target.inventory, one)
     reports = [o.value if o.ok else HostReport(o.host, target.dry_run, outcome=o.kind, error=o.error)
                for o in outcomes]
     if target.json:
         render.print_json([r.to_json() for r in reports])
     else:
         print_reports(reports)
-    return exit_code(r.outcome for r in reports)
+        if interrupts.interrupted:
+            render.console.print("interrupted (Ctrl-C): the hosts in flight finished; nothing else was started")
+    return EXIT_INTERRUPTED if interrupts.interrupted else exit_code(r.outcome for r in reports)
+
+
+def _abandon(target: Target, run: RunInfo, busy: dict[str, str]) -> None:
+    """A second Ctrl-C: the hosts being changed are left as they are; each one's audit log says its state is
+    unknown and what to run. Its lock stays: the next run takes it over (this pid is gone) and says so."""
+    for name, last in sorted(busy.items()):
+        why = (f"its state is unknown (stopped by a second Ctrl-C{f' during: {last}' if last else ''}); "
+               f"`{prog()} upgrade --host {name}` re-checks it and finishes, `{prog()} rollback --host {name}` "
+               f"restores the snapshot this run took")
+        raw(f"[{name}] stopped now: {why}\n")
+        host = next(h for h in target.hosts if h.name == name)
+        line = {"when": hoststate.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "who": run.who, "pid": run.pid,
+                "command": run.command, "host": name, "outcome": "interrupted", "doing": last, "error": why}
+        try:
+            with session_for(host, target.inventory, target.hidden) as session:
+                hoststate.append_audit(session, line)
+        except Exception as exc:  # noqa: BLE001 - the exit goes on
+            raw(f"[{name}] could not write the audit record: {exc}\n")
 
 
 def report_table(report: HostReport) -> Table:

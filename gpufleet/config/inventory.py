@@ -37,6 +37,8 @@ class Settings(BaseModel):
     accept_new_host_keys: bool = False
     command_timeout: float | None = Field(None, gt=0, le=7 * 86400)
     snapshots_keep: int = Field(5, ge=1)  # per host, pruned after a successful run; never the one it just took
+    # seconds a rollback keeps trying to reach a host that dropped off (rebooting, a cut link) before giving up
+    reconnect_for: float = Field(600.0, gt=0, le=86400)
 
 
 class GpuExpectation(BaseModel):

@@ -18,7 +18,7 @@ from fabric import Config, Connection
 from gpufleet.engine import become as become_mod
 from gpufleet.engine import openssh
 from gpufleet.engine.command import Cmd, mask
-from gpufleet.errors import GpufleetError, HostKeyError, RemoteCommandError, UnreachableError
+from gpufleet.errors import ConnectionLost, GpufleetError, HostKeyError, RemoteCommandError, UnreachableError
 from gpufleet.engine.output import HostLines
 
 TAIL_LINES = 30
@@ -30,6 +30,8 @@ KEEPALIVES_UNANSWERED = 3  # like OpenSSH's ServerAliveCountMax: the link counts
 DEAD_LINK_ROUND_TRIPS = 20
 HANDSHAKE_ROUND_TRIPS = 20
 MAX_ROUND_TRIP = 5.0  # a host slow to answer (not a link) must not stretch the waits without end
+# What paramiko and the socket raise when the link breaks under a channel (EOF, reset, "SSH session not active").
+TRANSPORT_ERRORS = (OSError, EOFError, paramiko.SSHException)
 
 # paramiko logs connection failures with tracebacks; gpufleet reports them itself, once, as one clear line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -240,8 +242,15 @@ class HostSession:
         started = time.monotonic()
         chunks: list[str] = []
         exit_code: int | None = None
-        chan = self.conn.transport.open_session()
+        lost = False  # the link broke (not a timeout): ConnectionLost when checked
         try:
+            chan = self.conn.transport.open_session()
+        except (*TRANSPORT_ERRORS, AttributeError) as exc:  # AttributeError: the connection closed meanwhile
+            chan, lost = None, True
+            chunks.append(f"[gpufleet] connection lost before the command started: {_why(exc)}\n")
+        try:
+            if chan is None:
+                raise _NotStarted
             chan.set_combine_stderr(True)
             chan.settimeout(timeout if timeout else None)
             chan.exec_command(wired.text)
@@ -259,23 +268,44 @@ class HostSession:
                     lines.feed(text)
             exit_code = chan.recv_exit_status()
             if exit_code == -1 and not (self.conn.transport and self.conn.transport.is_active()):
-                exit_code = None  # the connection closed under the command: no exit status came
+                exit_code, lost = None, True  # the connection closed under the command: no exit status came
                 chunks.append("\n[gpufleet] connection lost: the host stopped answering\n")
         except (socket.timeout, TimeoutError):
             exit_code = None
             chunks.append(f"\n[gpufleet] no output for {timeout}s: command abandoned\n")
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            exit_code = None
-            chunks.append(f"\n[gpufleet] connection lost: {exc or type(exc).__name__}\n")
+        except _NotStarted:
+            pass
+        except TRANSPORT_ERRORS as exc:
+            exit_code, lost = None, True
+            chunks.append(f"\n[gpufleet] connection lost: {_why(exc)}\n")
         finally:
-            chan.close()
+            if chan is not None:
+                with contextlib.suppress(*TRANSPORT_ERRORS):  # closing over a dead link must not hide the result
+                    chan.close()
             if lines:
                 lines.flush()
         result = Result(self.name, step, shown, exit_code, mask("".join(chunks), secrets), time.monotonic() - started)
         self.results.append(result)
+        if check and lost:
+            raise ConnectionLost(result, cmd)
         if check and exit_code != 0:
             raise RemoteCommandError(result, cmd)
         return result
+
+    @contextlib.contextmanager
+    def _transport_guard(self, step: str, what: str):
+        """A transfer or channel open whose link breaks raises ConnectionLost (exit_code None) naming host and step;
+        an SFTP answer such as FileNotFoundError, or a refused channel on a live link, passes through as it is."""
+        started = time.monotonic()
+        try:
+            yield
+        except TRANSPORT_ERRORS + (AttributeError,) as exc:
+            if not isinstance(exc, EOFError) and self.alive:
+                raise
+            result = Result(self.name, step, what, None, f"[gpufleet] connection lost: {_why(exc)}\n",
+                            time.monotonic() - started)
+            self.results.append(result)
+            raise ConnectionLost(result, None) from None
 
     def _open_transport(self) -> paramiko.Transport:
         if not self.alive:
@@ -289,15 +319,17 @@ class HostSession:
     def channel(self, cmd: Cmd) -> paramiko.Channel:
         """A new exec channel running cmd, for callers that stream its stdin and stdout themselves; close it after.
         On a become host with a sudo password, the password line is already sent: the caller's stdin follows it."""
-        chan = self._open_transport().open_session()
-        try:
-            wired = self.wire(cmd)
-            chan.exec_command(wired.text)
-            if wired.stdin:
-                chan.sendall(wired.stdin)
-        except BaseException:
-            chan.close()
-            raise
+        with self._transport_guard("channel", cmd.display()):
+            chan = self._open_transport().open_session()
+            try:
+                wired = self.wire(cmd)
+                chan.exec_command(wired.text)
+                if wired.stdin:
+                    chan.sendall(wired.stdin)
+            except BaseException:
+                with contextlib.suppress(*TRANSPORT_ERRORS):
+                    chan.close()
+                raise
         return chan
 
     def tunnel(self, port: int, host: str = "127.0.0.1", *, timeout: float | None = None) -> paramiko.Channel:
@@ -311,6 +343,10 @@ class HostSession:
     def put(self, local, remote: str) -> None:
         """Copy a local file to remote over SFTP, atomically (written as remote.part, then renamed). On a become
         host SFTP runs as the login user: the file goes to a private temp path, then a privileged move puts it."""
+        with self._transport_guard("sftp put", f"put {local} -> {remote}"):
+            self._put(local, remote)
+
+    def _put(self, local, remote: str) -> None:
         sftp = self._sftp()
         if self.become is not None:
             tmp = self._login_temp()
@@ -325,6 +361,10 @@ class HostSession:
 
     def get(self, remote: str, local) -> None:
         """Copy remote to a local file over SFTP; OSError (FileNotFoundError) when the host has no such file."""
+        with self._transport_guard("sftp get", f"get {remote} -> {local}"):
+            self._get(remote, local)
+
+    def _get(self, remote: str, local) -> None:
         if self.become is not None:
             with self._readable_copy(remote) as tmp:
                 self._sftp().get(tmp, str(local))
@@ -333,6 +373,10 @@ class HostSession:
 
     def get_text(self, remote: str) -> str:
         """The text of a remote file, read over SFTP; OSError (FileNotFoundError) when there is none."""
+        with self._transport_guard("sftp read", f"read {remote}"):
+            return self._get_text(remote)
+
+    def _get_text(self, remote: str) -> str:
         if self.become is not None:
             with self._readable_copy(remote) as tmp, self._sftp().open(tmp) as f:
                 return f.read().decode()
@@ -341,6 +385,10 @@ class HostSession:
 
     def put_text(self, text: str, remote_path: str, mode: int = 0o644) -> None:
         """Write a file on the host atomically (temp file + rename), with the given mode, over SFTP."""
+        with self._transport_guard("sftp write", f"write {remote_path}"):
+            self._put_text(text, remote_path, mode)
+
+    def _put_text(self, text: str, remote_path: str, mode: int) -> None:
         sftp = self._sftp()
         if self.become is not None:
             tmp = self._login_temp()
@@ -412,6 +460,14 @@ def _give_up_on_dead_link(transport, dead_after: float) -> None:
     sock = getattr(transport, "sock", None)
     if dead_after > 0 and hasattr(socket, "TCP_USER_TIMEOUT") and isinstance(sock, socket.socket):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(dead_after * 1000))
+
+
+class _NotStarted(Exception):
+    """The command's channel could not be opened: the link broke before it started."""
+
+
+def _why(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
 
 
 class _Utf8Decoder:

@@ -20,6 +20,7 @@ LOCK_DIR = f"{STATE_DIR}/lock"
 SNAPSHOTS_DIR = f"{STATE_DIR}/snapshots"
 AUDIT_LOG = f"{STATE_DIR}/audit.log"
 _HELD = 3  # exit code of the lock command when another run holds the lock
+BOOT_NOW = "@@boot_now="  # the lock scripts' last line: the host's boot id now (the holder file has the one it was taken in)
 
 
 def utc_now() -> datetime:
@@ -87,7 +88,7 @@ def claim_host(session, run: RunInfo) -> str | None:
     cmd = Cmd.of("bash", "-c", remote.text("host_claim.sh"), "lock", run.holder_text(), LOCK_DIR, str(_HELD))
     result = session.run(cmd, step="lock", check=False)
     if result.exit_code == _HELD:
-        claim = Claim(result.output)
+        claim = Claim.parse(result.output)
         state, why = liveness(claim)
         if state != "stale" or "holder" not in claim.values:  # no holder file: a live run may be writing it now
             raise HostClaimedError(session.name, f"{claim.described} ({why})")
@@ -97,7 +98,7 @@ def claim_host(session, run: RunInfo) -> str | None:
             raise HostClaimedError(session.name, read_claim(session) or describe_holder("")) from None
         result = session.run(cmd, step="lock", check=False)
         if result.exit_code == _HELD:
-            raise HostClaimedError(session.name, describe_holder(result.output))
+            raise HostClaimedError(session.name, Claim.parse(result.output).described)
         if result.exit_code != 0:
             raise RemoteCommandError(result, cmd)
         return f"took over a stale lock: {claim.described}: {why}"
@@ -114,7 +115,7 @@ def read_claim(session) -> str | None:
     """The holder of the host's lock, described, or None when it is free (read-only)."""
     result = session.run(Cmd.of("bash", "-c", remote.text("host_claim_read.sh"), "read-lock", LOCK_DIR),
                          step="read lock", check=False)
-    return describe_holder(result.output) if result.exit_code == 0 else None
+    return Claim.parse(result.output).described if result.exit_code == 0 else None
 
 
 def holder_values(text: str) -> dict[str, str]:
@@ -123,9 +124,19 @@ def holder_values(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Claim:
-    """The host's lock as found: its holder file's text (empty when it has none) and its values."""
+    """The host's lock as found: its holder file's text (empty when it has none), its values, and the host's boot
+    id when it was read (empty when unknown)."""
 
     text: str
+    boot_now: str = ""
+
+    @classmethod
+    def parse(cls, output: str) -> "Claim":
+        """The lock scripts' output: the holder file, then a last line naming the host's boot id now."""
+        lines = output.splitlines()
+        boot = next((line[len(BOOT_NOW):].strip() for line in lines if line.startswith(BOOT_NOW)), "")
+        text = "\n".join(line for line in lines if not line.startswith(BOOT_NOW)).strip("\n")
+        return cls(text + "\n" if text else "", boot)
 
     @property
     def values(self) -> dict[str, str]:
@@ -145,7 +156,7 @@ def read_holder(session) -> Claim | None:
     """The host's lock with its holder file, or None when the host is not locked (read-only)."""
     result = session.run(Cmd.of("bash", "-c", remote.text("host_claim_read.sh"), "read-lock", LOCK_DIR),
                          step="read lock", check=False)
-    return Claim(result.output) if result.exit_code == 0 else None
+    return Claim.parse(result.output) if result.exit_code == 0 else None
 
 
 def _started_epoch(text: str) -> float | None:
@@ -180,6 +191,8 @@ def pid_alive(pid: int) -> bool:
 def liveness(claim: Claim, here: str | None = None) -> tuple[str, str]:
     """Whether the lock's holder still runs: ("live" | "stale" | "unknown", why).
 
+    A lock taken in an earlier boot of the host (its holder file's boot_id is not the host's boot id now) is stale
+    whoever took it: no run holds a host across its reboot.
     The holder file names the control node and the pid of the run (`holder=user@node`, `pid=`, `started=`). On this
     control node the pid is checked: gone, or now a process that started after the lock was taken (a reused pid),
     is stale. A lock without a holder file (a run died while taking it) is stale. From another control node it is
@@ -188,6 +201,10 @@ def liveness(claim: Claim, here: str | None = None) -> tuple[str, str]:
     values = claim.values
     if "holder" not in values:
         return "stale", "the lock has no holder file: a run died while taking it"
+    taken_in = values.get("boot_id", "").strip()
+    if taken_in and claim.boot_now and taken_in != claim.boot_now:
+        return "stale", (f"the host rebooted since the lock was taken (boot id {taken_in[:8]} then, "
+                         f"{claim.boot_now[:8]} now): no run holds a host across its reboot")
     node = claim.control_host
     try:
         pid = int(values.get("pid", ""))
@@ -226,7 +243,7 @@ def snapshot(session, run: RunInfo) -> str:
     host = session.host
     now = utc_now()
     manifest = json.dumps({"host": host.name, "created": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "by": run.who,
-                           "command": run.command, "venv": host.venv, "checkout": host.sglang_checkout,
+                           "command": run.command, "pid": run.pid, "venv": host.venv, "checkout": host.sglang_checkout,
                            "unit": unit_name(host.service)}, sort_keys=True)
     cmd = Cmd.of("bash", "-c", remote.text("snapshot.sh"), "snapshot", host.venv, host.sglang_checkout,
                  unit_name(host.service), now.strftime("%Y%m%dT%H%M%SZ"), manifest,

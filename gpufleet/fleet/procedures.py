@@ -11,11 +11,11 @@ from gpufleet.config.stack import Stack
 from gpufleet.engine.command import Cmd
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.script import unit_name
-from gpufleet.fleet import lockstate, rollback
+from gpufleet.fleet import hoststate, lockstate, rollback
 from gpufleet.fleet.executor import Executor, HostReport
 from gpufleet.fleet.health import Gate
 from gpufleet.fleet.hoststate import RunInfo
-from gpufleet.fleet.roll import RollSummary, RunRecord
+from gpufleet.fleet.roll import HostResult, RollSummary, RunRecord
 from gpufleet.roleapi import Selection
 from gpufleet.roles.model_server import ModelServer, served_name
 from gpufleet.wheels.fetch import WheelCache
@@ -51,6 +51,16 @@ def deploy_one(run: Executor, session, host_stack, say) -> Deployed:
     return done
 
 
+def _logged(say, record: RunRecord):
+    """An executor's say: each line (`[host] text`) to the roll's output and into that host's log in the record
+    (with --json the output shows nothing: the log keeps what happened, a stale lock taken over included)."""
+    def both(line: str) -> None:
+        say(line)
+        if line.startswith("[") and "] " in line:
+            record.log(line[1:line.index("] ")], line[line.index("] ") + 2:])
+    return both
+
+
 def _upgrade_roles():
     from gpufleet.roles import ROLES
 
@@ -67,10 +77,14 @@ class RollProcedures:
                  summary: RollSummary, record: RunRecord, given: lock.FleetLock | None = None,
                  secrets: dict[str, str] | None = None, download: bool = False,
                  command_timeout: float | None = None, selection: Selection | None = None,
-                 snapshots_keep: int | None = None, wheels: WheelCache | None = None):
+                 snapshots_keep: int | None = None, wheels: WheelCache | None = None,
+                 reconnect_for: float = rollback.RECONNECT_FOR, interrupted: RollSummary | None = None):
         self.kind, self.stacks, self.repo, self.summary, self.record = kind, stacks, repo, summary, record
-        self.command = run.command
+        self.command, self.run = run.command, run
+        self.reconnect_for = reconnect_for  # how long a rollback waits for a host that dropped off (a reboot)
+        self.interrupted = interrupted  # the stopped roll a --resume continues: its hosts in flight are re-checked
         self.selection = selection
+        say = _logged(say, record)  # what the executors say lands in each host's log of the record too
         self.upgrader = Executor(roles=_upgrade_roles(), run=run, repo=repo, say=say, wheels=wheels or WheelCache(),
                                  command_timeout=command_timeout, selection=selection, snapshots_keep=snapshots_keep)
         self.deployer = Executor(roles=[ModelServer(secrets=secrets or {}, download=download)], run=run, repo=repo,
@@ -83,6 +97,7 @@ class RollProcedures:
     def procedure(self, session, result, log) -> None:
         st = self.stacks[session.name]
         changed = False
+        self._recheck(session, result, log)
         if self.kind == "upgrade":
             changed |= self._upgrade(session, st, result, log)
         prefix = f"[{session.name}] "
@@ -115,7 +130,7 @@ class RollProcedures:
             result.steps.append("server stopped")
         report = self.upgrader.host(session, st)
         self.handed[session.name] = report.wheels
-        result.snapshot = report.snapshot
+        result.snapshot = result.snapshot or report.snapshot  # a re-checked host keeps the interrupted run's one
         if not report.ok:
             raise StepFailed(f"upgrade of {session.name}: {report.error}")
         result.steps.append(f"upgrade: {len(report.with_status('changed'))} step(s) changed")
@@ -168,12 +183,49 @@ class RollProcedures:
                 return found
         return None
 
-    def recover(self, session, result, log) -> None:
-        """Restore the snapshot taken before the host's upgrade; bring its server back healthy if it was running."""
+    def _recheck(self, session, result: HostResult, log) -> None:
+        """A host the resumed roll left in flight (killed, or stopped by a second Ctrl-C) is in an unknown state:
+        find the snapshot that run took before changing it, so a failure now restores the host as it was before
+        that run (not a snapshot of whatever that run left); the plan then shows whether it is on the old stack,
+        the new one, or between."""
+        before = self.interrupted
+        if before is None or before.results.get(session.name) is None:
+            return
+        previous = before.results[session.name]
+        if previous.outcome not in ("running", "interrupted") and not (previous.outcome == "not-reached"
+                                                                       and previous.started):
+            return
+        snap = previous.snapshot or rollback.snapshot_of_run(session, before.started, before.pid, before.command)
+        where = f"roll {before.started} left {session.name} in an unknown state ({previous.outcome})"
+        try:  # the audit log learns what became of that run here (a killed run wrote no line of its own)
+            hoststate.append_audit(session, {
+                "when": hoststate.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "who": self.run.who, "pid": before.pid,
+                "command": before.command, "host": session.name, "roll": before.started,
+                "kind": f"{before.kind} roll", "outcome": "interrupted", "snapshot": snap,
+                "error": f"found by the --resume of pid {self.run.pid}: {before.note or 'the roll stopped'}"})
+        except GpufleetError as exc:
+            log(f"could not append to {hoststate.AUDIT_LOG}: {exc}")
+        if snap:
+            result.snapshot = snap
+            log(f"{where}: re-checking it; that run saved the host before changing it in {snap}: a failure now "
+                f"rolls back to that")
+            result.steps.append(f"re-checked after the interrupted roll {before.started}: its snapshot {snap}")
+        else:
+            log(f"{where}: re-checking it; that run took no snapshot here, so it changed nothing on it")
+            result.steps.append(f"re-checked after the interrupted roll {before.started}: it changed nothing here")
+
+    def recover(self, session, result, log) -> bool:
+        """Restore the snapshot taken before the host's upgrade; bring its server back healthy if it was running.
+        Waits (bounded) for a host that dropped off, e.g. rebooting; False when there was nothing to undo."""
+        rollback.reach(session, self.reconnect_for, log)
+        try:  # a lock this roll took and could not release when the link broke (token-checked: only ours)
+            hoststate.release_claim(session, self.run)
+        except GpufleetError as exc:
+            log(f"could not release this roll's lock on {session.name}: {exc}")
         if not result.snapshot:
             log("nothing was changed before the failure: nothing to roll back")
-            result.steps.append("rollback: nothing to undo")
-            return
+            result.steps.append("rollback: nothing to undo (this run changed nothing)")
+            return False
         info = rollback.describe(session, result.snapshot)
         rollback.restore(session, info, say=log)
         result.steps.append(f"rolled back to {result.snapshot}")
@@ -184,3 +236,4 @@ class RollProcedures:
             st = self.stacks[session.name]
             health = Gate(session, st, say=log).run(served_name(session.host, st))
             result.steps.append(f"healthy again on the old stack after {health['health_seconds']} s")
+        return True

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from gpufleet import remote
 from gpufleet.fleet import hoststate
 from gpufleet.engine.command import Cmd
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import GpufleetError, UnreachableError
 from gpufleet.facts.script import unit_name
 
 # Exit codes of the restore script, so the error says which part could not be restored.
 _WHAT = {2: "no such snapshot", 3: "the venv", 4: "the sglang checkout", 5: "the systemd unit"}
+RECONNECT_FOR = 600.0  # how long a rollback waits for a host that dropped off (inventory: settings.reconnect_for)
 
 class RollbackError(GpufleetError):
     """A rollback could not find, restore or confirm a snapshot."""
@@ -61,11 +64,64 @@ def describe(session, path: str) -> SnapshotInfo:
     return SnapshotInfo(path, manifest, details)
 
 
+def reach(session, seconds: float, say=print, clock=time.monotonic, sleep=time.sleep) -> None:
+    """Make sure the host answers before a rollback: one that dropped off (rebooting, a cut link) is tried again
+    for up to `seconds`, saying so once, then given systemd's own wait for the end of its boot. UnreachableError
+    when it stays silent; a refused host key or login is never waited for."""
+    timeout = getattr(getattr(session, "settings", None), "connect_timeout", None)
+    try:
+        if session.run(Cmd.of("true"), step="still answering?", check=False, timeout=timeout).exit_code == 0:
+            return
+        why = "the connection was lost"
+    except UnreachableError as exc:
+        why = str(exc)
+    if "authentication failed" in why:
+        raise UnreachableError(why)
+    say(f"{session.name} is not answering (rebooting?); waiting up to {seconds:.0f} s for it to come back")
+    started = clock()
+    delay = 1.0
+    while True:
+        try:
+            session.reconnect()
+            if session.run(Cmd.of("true"), step="back?", check=False, timeout=timeout).exit_code == 0:
+                break
+        except UnreachableError as exc:
+            why = str(exc)
+            if "authentication failed" in why:
+                raise
+        waited = clock() - started
+        if waited >= seconds:
+            raise UnreachableError(f"host {session.name}: not answering after waiting {waited:.0f} s (rebooting? "
+                                   f"settings.reconnect_for is {seconds:.0f} s): {why}")
+        sleep(min(delay, max(0.1, seconds - waited)))
+        delay = min(delay * 2, 10.0)
+    # back: let its boot finish (units started) before restoring anything; degraded or not, the restore judges
+    session.run(Cmd.of("systemctl", "is-system-running", "--wait"), step="boot finished?", check=False,
+                timeout=max(30.0, min(seconds, 120.0)))
+    say(f"{session.name} answers again after {clock() - started:.0f} s")
+
+
+def snapshot_of_run(session, roll_started: str, pid: int, command: str) -> str | None:
+    """The first snapshot a roll's run took on the host (started at the roll's stamp, by its pid and command):
+    the host as it was before that run changed it; None when that run took none there."""
+    try:
+        since = datetime.strptime(roll_started, "%Y%m%dT%H%M%SZ").strftime("%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return None
+    found, _ = hoststate.list_snapshots(session)
+    for snap in found:  # oldest first
+        m = snap.manifest
+        if m.get("created", "") >= since and m.get("command") == command and m.get("pid", pid) == pid:
+            return snap.path
+    return None
+
+
 def restore(session, info: SnapshotInfo, say=print) -> str:
     """Restore the snapshot under the host's lock, then prove packages, HEAD and local edits match it."""
     host = session.host
     run = hoststate.RunInfo.current(f"rollback {info.path}")
-    hoststate.claim_host(session, run)
+    if note := hoststate.claim_host(session, run):
+        say(note)
     try:
         say(f"restoring {info.path}")
         cmd = Cmd.of("bash", "-c", remote.text("snapshot_restore.sh"), "restore", info.path, host.venv,

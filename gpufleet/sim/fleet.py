@@ -263,6 +263,21 @@ class SimFleet:
         self._wait_ssh([host])
         self._write_known_hosts(state.hosts)
 
+    def reboot(self, name: str, wait: bool = True) -> None:
+        """Restart the host's container on the same disk, as a reboot does: its systemd shuts down (every process
+        on it ends, every SSH connection drops), then boots again with its upper layer kept (what gpufleet wrote
+        stays, unlike reset_host) and a new boot id. With wait, returns once its sshd answers again."""
+        state = self.state()
+        host = next(h for h in state.hosts if h.name == name)
+        system.stop_pid(host.pid, NSPAWN_MARKER)  # SIGTERM: nspawn has the container's systemd power off
+        system.remove_cgroup(host.cgroup)
+        system.unmount_all(self.host_dir(host.name) / "root")  # the overlay only: its tmpfs (upper layer) stays
+        self._mount_root(host)
+        self._spawn(host)
+        state.save(self.state_path)
+        if wait:
+            self._wait_ssh([host])
+
     # ---- building --------------------------------------------------------------------------------------------------
     @staticmethod
     def require_tools() -> None:
@@ -429,12 +444,7 @@ class SimFleet:
         sh("mount", "-t", "tmpfs", "-o", "mode=755", f"{PREFIX}-{host.name}", str(hdir))
         for sub in ("upper", "work", "root"):
             (hdir / sub).mkdir()
-        root = hdir / "root"
-        sh("mount", "-t", "overlay", "overlay", "-o",
-           # redirect_dir: a directory of the lower layers can be renamed, as on a real server's ext4 or xfs (the
-           # staged venv is swapped in by rename; without it overlayfs answers EXDEV and gpufleet changes in place)
-           f"lowerdir={self.run_dir / 'template/upper'}:/,upperdir={hdir / 'upper'},workdir={hdir / 'work'},"
-           "redirect_dir=on", str(root))
+        root = self._mount_root(host)
         self._personalise(host, root)
         if host.netns not in system.netns_list(host.netns):
             sh("ip", "netns", "add", host.netns)
@@ -444,9 +454,24 @@ class SimFleet:
             sh("ip", "-n", host.netns, "link", "set", "eth0", "up")
             sh("ip", "-n", host.netns, "link", "set", "lo", "up")
             # No default route: a simulated host reaches its own subnet (control node, other hosts) and nothing else.
+        self._spawn(host)
+
+    def _mount_root(self, host: SimHost) -> Path:
+        """The host's root: an overlay of its upper layer (on its tmpfs) over the template and /."""
+        hdir = self.host_dir(host.name)
+        root = hdir / "root"
+        sh("mount", "-t", "overlay", "overlay", "-o",
+           # redirect_dir: a directory of the lower layers can be renamed, as on a real server's ext4 or xfs (the
+           # staged venv is swapped in by rename; without it overlayfs answers EXDEV and gpufleet changes in place)
+           f"lowerdir={self.run_dir / 'template/upper'}:/,upperdir={hdir / 'upper'},workdir={hdir / 'work'},"
+           "redirect_dir=on", str(root))
+        return root
+
+    def _spawn(self, host: SimHost) -> None:
+        """Boot the container on its mounted root, in its network namespace and a cgroup of our own."""
         host.pid = system.spawn_detached(
-            ["systemd-nspawn", "-q", "-D", str(root), "-b", "--register=no", "--keep-unit",
-             f"--hostname={host.name}", f"--network-namespace-path=/run/netns/{host.netns}"],
+            ["systemd-nspawn", "-q", "-D", str(self.host_dir(host.name) / "root"), "-b", "--register=no",
+             "--keep-unit", f"--hostname={host.name}", f"--network-namespace-path=/run/netns/{host.netns}"],
             self.logs / f"{host.name}.console.log", cgroup=host.cgroup)
 
     def _personalise(self, host: SimHost, root: Path) -> None:

@@ -336,3 +336,39 @@ def test_a_successful_run_prunes_and_a_failed_one_does_not():
 def test_remote_command_errors_stay_failures():
     result = SimpleNamespace(host="gpu1", step="x", exit_code=1, command="c", tail=lambda: "")
     assert wrapped(RemoteCommandError(result))[0] == 1
+
+
+def test_a_lock_from_an_earlier_boot_of_the_host_is_stale_whoever_took_it():
+    now = hoststate.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ")
+    text = holder(os.getpid(), now, node="elsewhere").text + "boot_id=11111111-aaaa\n"
+    state, why = liveness(Claim(text, boot_now="22222222-bbbb"))
+    assert state == "stale" and "rebooted since the lock was taken" in why and "11111111" in why
+    # same boot: the other rules decide (another control node: unknown; this one's live pid: live)
+    assert liveness(Claim(text, boot_now="11111111-aaaa"))[0] == "unknown"
+    mine = holder(os.getpid(), now).text + "boot_id=11111111-aaaa\n"
+    assert liveness(Claim(mine, boot_now="11111111-aaaa"))[0] == "live"
+    assert liveness(Claim(mine, boot_now="22222222-bbbb"))[0] == "stale"
+    # a holder file from before boot ids were recorded, or a host that could not say: no boot rule
+    assert liveness(Claim(holder(os.getpid(), now).text, boot_now="22222222-bbbb"))[0] == "live"
+    assert liveness(Claim(mine, boot_now=""))[0] == "live"
+
+
+def test_claim_parse_splits_the_holder_from_the_boot_id_now():
+    claim = Claim.parse("holder=a@b\npid=3\nboot_id=x1\n\n@@boot_now=x2\n")
+    assert claim.text == "holder=a@b\npid=3\nboot_id=x1\n" and claim.boot_now == "x2"
+    assert claim.described == "a@b (pid 3)"
+    empty = Claim.parse("\n@@boot_now=x2\n")  # no holder file: a run died while taking it
+    assert empty.text == "" and "holder" not in empty.values
+
+
+def test_a_run_takes_over_a_lock_left_by_an_earlier_boot(tmp_path):
+    from gpufleet.fleet.hoststate import RunInfo, claim_host
+
+    old = holder(os.getpid(), hoststate.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), token="old").text
+    held = (3, old + "boot_id=before-reboot\n\n@@boot_now=after-reboot\n")
+    answers = iter([held, (0, "")])
+    session = FakeSession({"lock": lambda step, cmd: next(answers), "break lock": (0, "")})
+    note = claim_host(session, RunInfo("bob", "ctl", 7, "2026-12-02T10:00:00Z", "inv upgrade", token="new"))
+    assert note.startswith("took over a stale lock: alice@") and "rebooted since the lock was taken" in note
+    broken = [cmd for step, cmd in session.calls if step == "break lock"]
+    assert broken and broken[0].argv[-1] == "old"

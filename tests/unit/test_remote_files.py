@@ -4,10 +4,12 @@ import importlib.util
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from gpufleet import remote
+from gpufleet.fleet.hoststate import Claim
 
 NAMES = remote.names()
 
@@ -43,7 +45,9 @@ def test_host_claim_refuses_a_second_holder(tmp_path):
     assert run("host_claim.sh", "holder=a\ntoken=t1\n", lock, "3").returncode == 0
     second = run("host_claim.sh", "holder=b\n", lock, "3")
     assert second.returncode == 3 and "holder=a" in second.stdout
-    assert run("host_claim_read.sh", lock).stdout == "holder=a\ntoken=t1\n"
+    held = Claim.parse(run("host_claim_read.sh", lock).stdout)
+    assert held.text == f"holder=a\ntoken=t1\nboot_id={held.boot_now}\n"
+    assert held.boot_now == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     run("host_release.sh", "t2", lock)  # not its token: the lock stays
     assert run("host_claim_read.sh", lock).returncode == 0
     run("host_release.sh", "t1", lock)
