@@ -39,7 +39,8 @@ def upgrade(target: Target) -> int:
     run = Executor(roles=ROLES, run=RunInfo.current(target.command), repo=fleet_dir(), dry_run=target.dry_run,
                    wheels=wheels, say=say, command_timeout=target.inventory.settings.command_timeout,
                    lock=target.lock, selection=target.chosen_roles,
-                   snapshots_keep=target.inventory.settings.snapshots_keep)
+                   snapshots_keep=target.inventory.settings.snapshots_keep,
+                   reconnect_for=target.inventory.settings.reconnect_for)
     stacks = target.stacks
     busy: dict[str, str] = {}  # host being changed -> the last line it said
 

@@ -86,7 +86,8 @@ class RollProcedures:
         self.selection = selection
         say = _logged(say, record)  # what the executors say lands in each host's log of the record too
         self.upgrader = Executor(roles=_upgrade_roles(), run=run, repo=repo, say=say, wheels=wheels or WheelCache(),
-                                 command_timeout=command_timeout, selection=selection, snapshots_keep=snapshots_keep)
+                                 command_timeout=command_timeout, selection=selection, snapshots_keep=snapshots_keep,
+                                 reconnect_for=reconnect_for)
         self.deployer = Executor(roles=[ModelServer(secrets=secrets or {}, download=download)], run=run, repo=repo,
                                  say=say, command_timeout=command_timeout, snapshots_keep=snapshots_keep)
         self.planner = Executor(roles=_upgrade_roles(), run=run, repo=repo, say=lambda line: None, dry_run=True,

@@ -125,8 +125,8 @@ def restore(session, info: SnapshotInfo, say=print) -> str:
     try:
         say(f"restoring {info.path}")
         cmd = Cmd.of("bash", "-c", remote.text("snapshot_restore.sh"), "restore", info.path, host.venv,
-                     host.sglang_checkout,
-                     unit_name(host.service), keep_owner=(host.venv, host.sglang_checkout))
+                     host.sglang_checkout, unit_name(host.service), remote.text("venv_stage.py"),
+                     keep_owner=(host.venv, host.sglang_checkout))
         result = session.run(cmd, step="rollback", check=False, timeout=3600)
         if result.exit_code != 0:
             what = _WHAT.get(result.exit_code, f"exit code {result.exit_code}")

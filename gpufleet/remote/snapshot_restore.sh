@@ -1,8 +1,9 @@
 #!/bin/bash
 # Restore a snapshot: venv, checkout HEAD with its local edits and untracked files, unit and its env file.
-# Args: $1 snapshot dir, $2 venv, $3 checkout, $4 unit. Exit 2 no such snapshot, 3 venv, 4 checkout, 5 unit.
+# Args: $1 snapshot dir, $2 venv, $3 checkout, $4 unit, $5 the text of venv_stage.py (the one swap in one step).
+# Exit 2 no such snapshot, 3 venv, 4 checkout, 5 unit.
 set -u
-d=$1 venv=$2 co=$3 unit=$4
+d=$1 venv=$2 co=$3 unit=$4 stage_py=${5:-}
 [ -f "$d/manifest.json" ] || exit 2
 systemctl stop -- "$unit" 2>/dev/null || true
 if [ -d "$d/venv" ]; then
@@ -10,9 +11,15 @@ if [ -d "$d/venv" ]; then
     # the copy is complete so a failure here leaves a working venv behind.
     rm -rf -- "$venv.gpufleet-new" "$venv.gpufleet-old"
     cp -al -- "$d/venv" "$venv.gpufleet-new" 2>/dev/null || cp -a -- "$d/venv" "$venv.gpufleet-new" || exit 3
-    if [ -e "$venv" ]; then mv -- "$venv" "$venv.gpufleet-old" || exit 3; fi
-    mv -- "$venv.gpufleet-new" "$venv" || { mv -- "$venv.gpufleet-old" "$venv"; exit 3; }
-    rm -rf -- "$venv.gpufleet-old"
+    # One atomic exchange where the filesystem can (exit 7: it cannot, e.g. overlayfs without redirect_dir): the
+    # venv path never names a half-restored tree; else two moves, which mv can do across layers.
+    if [ -e "$venv" ] && [ -n "$stage_py" ] && (cd / && python3 -c "$stage_py" swap-in "$venv" "$venv.gpufleet-new"); then
+        :
+    else
+        if [ -e "$venv" ]; then mv -- "$venv" "$venv.gpufleet-old" || exit 3; fi
+        mv -- "$venv.gpufleet-new" "$venv" || { mv -- "$venv.gpufleet-old" "$venv"; exit 3; }
+        rm -rf -- "$venv.gpufleet-old"
+    fi
 fi
 g() { git -c safe.directory='*' -c core.quotepath=false -C "$co" "$@"; }
 if [ -f "$d/git-head" ]; then

@@ -6,6 +6,7 @@
     python3 -c "$(cat venv_stage.py)" switch LIVE
     python3 -c "$(cat venv_stage.py)" discard LIVE
     python3 -c "$(cat venv_stage.py)" heal LIVE
+    python3 -c "$(cat venv_stage.py)" swap-in LIVE NEW     (a rollback: NEW replaces LIVE in one step)
 
 LIVE may be a symlink: the directory it resolves to is staged and swapped; the link is left alone. The stage is
 REAL.gpufleet-next (same directory, so same filesystem: hard links and rename work), its state REAL.gpufleet-next.json:
@@ -255,6 +256,22 @@ def switch(live):
     return 0
 
 
+def swap_in(live, new):
+    """Exchange NEW with the directory LIVE names, then remove what was live; exit 7 where the filesystem cannot
+    swap (the caller moves instead), the live venv untouched."""
+    real = os.path.realpath(live)
+    try:
+        if not exchange(real, new):
+            return 7
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:
+            return 7
+        raise
+    _remove(new)
+    say(swapped="atomic")
+    return 0
+
+
 def heal(live, quiet=False):
     """Undo a two-rename switch that died between its renames: the old venv goes back in place."""
     real, stage, marker, prev = paths(live)
@@ -290,6 +307,8 @@ def main(argv):
         _remove(stage)
         _remove(marker)
         return 0
+    if cmd == "swap-in" and len(argv) == 4:
+        return swap_in(live, argv[3])
     if cmd == "heal":
         return heal(live)
     print(__doc__)

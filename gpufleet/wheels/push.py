@@ -308,7 +308,9 @@ def _send_openssh(session, items, done) -> tuple[str, str]:
     wired = session.wire(receive_command(items))  # through sudo on a become host, as the session's own commands
     argv = openssh_argv(session, wired.text)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err)
+        # a session of its own: a Ctrl-C at the terminal reaches gpufleet, which finishes the host in flight, not this
+        # transfer (it would cut the push and fail the host)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, start_new_session=True)
         try:
             if wired.stdin:
                 _FdSink(proc.stdin.fileno()).write(wired.stdin)

@@ -350,3 +350,19 @@ def test_overlayfs_without_redirect_dir_is_found_out_before_any_change(overlay):
     assert got["mode"] == "in-place" and "overlayfs without redirect_dir" in got["why"]
     assert sorted(p.name for p in overlay.iterdir()) == ["venv"]  # no copy, no state file left
     assert (overlay / "venv" / "bin" / "tool").read_text() == "#!/bin/sh\n"
+
+
+def test_swap_in_replaces_the_live_venv_in_one_step_and_removes_the_old(venv, tmp_path):
+    new = Path(str(venv) + ".gpufleet-new")
+    subprocess.run(["cp", "-al", str(venv), str(new)], check=True)
+    install_in(new, "2.9.0")
+    proc = stage("swap-in", venv, new)
+    assert proc.returncode == 0 and values(proc)["swapped"] == "atomic"
+    assert "2.9.0" in (venv / "lib/python3.12/site-packages/torch/__init__.py").read_text() and not new.exists()
+
+
+def test_swap_in_on_overlayfs_without_redirect_dir_says_so_and_changes_nothing(overlay):
+    new = overlay / "venv.gpufleet-new"
+    (new / "bin").mkdir(parents=True)
+    proc = stage("swap-in", overlay / "venv", new)
+    assert proc.returncode == 7 and (overlay / "venv" / "bin" / "tool").exists() and new.is_dir()
