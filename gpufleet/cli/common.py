@@ -8,19 +8,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from invoke import Exit
-from rich.markup import escape
 
-from gpufleet.cli import render
 from gpufleet.cli.fleetdir import fleet_dir, prog
 from gpufleet.errors import ConfigError, GpufleetError, UnreachableError
-from gpufleet.facts.gather import gather_facts
-from gpufleet.config.inventory import Inventory, load_inventory, select_hosts
-from gpufleet.engine.runner import for_each_host
-from gpufleet.config.stack import Stack, load_stack
-from gpufleet.fleet.status import compare, unreachable
 
+# Imported where used, not here: every task imports this module, and rich, the roles (jinja2), paramiko and the
+# pydantic models they pull in cost most of a second of CPU before the first SSH packet (issue 13). `status` and
+# `facts` import the connection side first and what reads the answers only once the hosts are being asked.
 if TYPE_CHECKING:
     from gpufleet.cli.target import Target
+    from gpufleet.config.inventory import Inventory
+    from gpufleet.config.stack import Stack
 
 DEFAULT_INVENTORY = "hosts/sim.toml"
 DEFAULT_STACK = "stack.toml"
@@ -87,6 +85,9 @@ def stack_path(explicit: str | None) -> Path:
 
 
 def load(inventory: str | None, stack: str | None, accept_new_host_keys: bool = False) -> tuple[Inventory, Stack]:
+    from gpufleet.config.inventory import load_inventory
+    from gpufleet.config.stack import load_stack
+
     inv = load_inventory(inventory_path(inventory))
     if accept_new_host_keys:
         inv.settings = inv.settings.model_copy(update={"accept_new_host_keys": True})
@@ -95,6 +96,8 @@ def load(inventory: str | None, stack: str | None, accept_new_host_keys: bool = 
 
 
 def selection(inv: Inventory, host: str | None, hosts: str | None, default: str | None = "all") -> list:
+    from gpufleet.config.inventory import select_hosts
+
     spec = ",".join(filter(None, [host, hosts])) or default
     if not spec:
         raise ConfigError(str(inv.path), "name the hosts: --host NAME, --hosts a,b, a group, or all")
@@ -103,8 +106,15 @@ def selection(inv: Inventory, host: str | None, hosts: str | None, default: str 
 
 def facts(target: Target) -> int:
     """`inv facts`: each selected host's facts, as tables or JSON; 1 when any host could not be read."""
+    from gpufleet.engine.runner import for_each_host
+    from gpufleet.facts.gather import gather_facts
+
     as_json = target.json
     outcomes = for_each_host(list(target.hosts), target.inventory, gather_facts)
+    from rich.markup import escape
+
+    from gpufleet.cli import render
+
     data = []
     for out in outcomes:
         if out.ok:
@@ -122,8 +132,14 @@ def facts(target: Target) -> int:
 
 def status(target: Target) -> int:
     """`inv status`: each selected host against its stack (overrides resolved before any connection)."""
+    from gpufleet.engine.runner import for_each_host
+    from gpufleet.facts.gather import gather_facts
+
     stacks = target.stacks
     outcomes = for_each_host(list(target.hosts), target.inventory, gather_facts)
+    from gpufleet.cli import render
+    from gpufleet.fleet.status import compare, unreachable
+
     rows = []
     for h, out in zip(target.hosts, outcomes):
         rows.append(compare(h, stacks[h.name], out.value) if out.ok else unreachable(h.name, out.error, out.kind))

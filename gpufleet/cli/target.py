@@ -5,16 +5,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpufleet.cli.common import command_line, load, selection
 from gpufleet.cli.fleetdir import fleet_dir
-from gpufleet.config import lock as lock_file
 from gpufleet.config.inventory import Host, Inventory
-from gpufleet.config.lock import FleetLock
 from gpufleet.config.stack import Stack, host_stacks
 from gpufleet.errors import ConfigError
 from gpufleet.fleet.roll import RollSummary, last_stopped, max_failures, plan_batches, runs_dir
 from gpufleet.roleapi import Selection
+
+if TYPE_CHECKING:  # the lock module (tomlkit) is read only with --lock or a resumed roll
+    from gpufleet.config.lock import FleetLock
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,8 @@ def resolve(task: str, *, inventory: str | None = None, stack: str | None = None
     inv, base = load(inventory, stack, accept_new_host_keys)
     if limit is not None:
         inv.settings = inv.settings.model_copy(update={"parallelism": limit})
+    from gpufleet.config import lock as lock_file
+
     given = lock_file.load(lock) if lock else None
     resumed = None
     if roll and roll.resume and not dry_run:
