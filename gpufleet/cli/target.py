@@ -19,6 +19,12 @@ if TYPE_CHECKING:  # the lock module (tomlkit) is read only with --lock or a res
     from gpufleet.config.lock import FleetLock
 
 
+def _load_lock(path) -> FleetLock:
+    from gpufleet.config import lock as lock_file  # tomlkit and the lock models: only when a lock is named
+
+    return lock_file.load(path)
+
+
 @dataclass(frozen=True)
 class RollOptions:
     """The roll flags of `inv upgrade` / `inv deploy-model`, as given."""
@@ -127,16 +133,14 @@ def resolve(task: str, *, inventory: str | None = None, stack: str | None = None
     inv, base = load(inventory, stack, accept_new_host_keys)
     if limit is not None:
         inv.settings = inv.settings.model_copy(update={"parallelism": limit})
-    from gpufleet.config import lock as lock_file
-
-    given = lock_file.load(lock) if lock else None
+    given = _load_lock(lock) if lock else None
     resumed = None
     if roll and roll.resume and not dry_run:
         previous_dir, previous = last_stopped(runs_dir(fleet_dir() / "runs"), task, str(inv.path.resolve()))
         resumed = Resumed(previous_dir, previous)
         chosen = selection(inv, None, ",".join(previous.hosts))
         if given is None and previous.lock:
-            given = lock_file.load(previous.lock)  # the resumed roll's hosts converge to the same lock
+            given = _load_lock(previous.lock)  # the resumed roll's hosts converge to the same lock
     else:
         chosen = selection(inv, host, hosts, default="all" if all_by_default else None)
     if roll is not None:
