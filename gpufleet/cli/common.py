@@ -137,14 +137,17 @@ def status(target: Target) -> int:
 
     stacks = target.stacks
     outcomes = for_each_host(list(target.hosts), target.inventory, gather_facts)
-    from gpufleet.cli import render
     from gpufleet.fleet.status import compare, unreachable
 
     rows = []
     for h, out in zip(target.hosts, outcomes):
         rows.append(compare(h, stacks[h.name], out.value) if out.ok else unreachable(h.name, out.error, out.kind))
     if target.json:
-        render.print_json([r.to_json() for r in rows])
+        from gpufleet.cli.jsonout import print_json
+
+        print_json([r.to_json() for r in rows])
     else:
+        from gpufleet.cli import render
+
         render.print_status(rows)
     return exit_code(out.kind if not out.ok else ("ok" if row.ok else "drift") for row, out in zip(rows, outcomes))
