@@ -155,10 +155,10 @@ def table(results: dict[str, list[Sample]], hosts: int, floor: str) -> str:
     return "\n".join(lines)
 
 
-def converge(inventory: Path) -> None:
+def converge(inventory: Path, env: dict) -> None:
     """One real `inv upgrade --hosts all` (not timed): the fleet on target before the no-op runs."""
     subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), "upgrade", "--hosts", "all", "--inventory",
-                    str(inventory)], check=True, stdout=subprocess.DEVNULL)
+                    str(inventory)], check=True, stdout=subprocess.DEVNULL, env={**os.environ, **env})
 
 
 def main() -> None:
@@ -187,11 +187,13 @@ def main() -> None:
               f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
         results = {k: measure(k, v, names, args.runs) for k, v in specs.items()}
         if args.upgrade:
-            converge(inventory)
+            # the rolls' records and the locks they write: the bench's, not the checkout's
+            runs = {"GPUFLEET_RUNS_DIR": str(work / "runs"), "GPUFLEET_LOCKS_DIR": str(work / "locks")}
+            converge(inventory, runs)
             inv = [sys.executable, "-m", "invoke", "-r", str(REPO)]
             results["gpufleet: inv upgrade --hosts all (no-op)"] = measure(
-                "no-op upgrade", dict(argv=inv + ["upgrade", "--hosts", "all", "--inventory", str(inventory)]),
-                names, args.runs)
+                "no-op upgrade", dict(argv=inv + ["upgrade", "--hosts", "all", "--inventory", str(inventory)],
+                                      env=runs), names, args.runs)
         floor = next((k for k in results if "floor" in k), next(iter(results)))
         print(table(results, len(names), floor))
         print(f"\n(conditions: {os.cpu_count()} control cores shared, load average {os.getloadavg()[0]:.1f} at the "
