@@ -161,6 +161,16 @@ def converge(inventory: Path, env: dict) -> None:
                     str(inventory)], check=True, stdout=subprocess.DEVNULL, env={**os.environ, **env})
 
 
+
+def calibration() -> float:
+    """CPU seconds of a bare `python3 -c pass` here and now: how fast this machine's CPU is under its load."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(5):
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / 5
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=8)
@@ -197,7 +207,8 @@ def main() -> None:
         floor = next((k for k in results if "floor" in k), next(iter(results)))
         print(table(results, len(names), floor))
         print(f"\n(conditions: {os.cpu_count()} control cores shared, load average {os.getloadavg()[0]:.1f} at the "
-              f"end; hosts are systemd-nspawn containers on the same machine)")
+              f"end; hosts are systemd-nspawn containers on the same machine; a bare `python3 -c pass` costs "
+              f"{calibration():.3f} s CPU here)")
     finally:
         if not args.reuse:
             fleet.down()
