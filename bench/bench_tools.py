@@ -130,8 +130,9 @@ def commands(fleet: SimFleet, names: list[str], inventory: Path, venv: Path, wor
                    "ANSIBLE_LOCAL_TEMP": str(work / "ansible-local"), "ANSIBLE_DEPRECATION_WARNINGS": "False"}
     return {
         "plain ssh, user reads (floor)": dict(argv=[fleet.ssh_argv(n) + [USER_READS] for n in names]),
-        "plain ssh, gpufleet's facts script": dict(argv=[fleet.ssh_argv(n) + ["bash -s"] for n in names],
-                                                   stdin=script),
+        # sent as gpufleet sends it: the remote command `bash -c SCRIPT` (stdin would serialise the hosts here)
+        "plain ssh, gpufleet's facts script": dict(argv=[fleet.ssh_argv(n) + [shlex.join(["bash", "-c", script])]
+                                                         for n in names]),
         "gpufleet: inv status --json": dict(argv=inv + ["status", "--json", "--hosts", "all", "--inventory",
                                                         str(inventory)], ok=(0, 1)),
         "pyinfra 3.10 exec": dict(argv=[str(venv / "bin" / "pyinfra"), "-y", str(pyinv), "exec", "--",
