@@ -7,7 +7,9 @@
 # targets; the first of a name (canonicalised from the directory's name) wins; names that are not valid project
 # names (`~orch.dist-info`, a pip leftover) are skipped; versions in PEP 440 normal form (pip prints
 # str(Version)); editable: direct_url.json's local `dir_info.editable`, else a `<name>.egg-link` on sys.path.
-# Zipped eggs and zip files on sys.path are not read (pip warns that it drops them too).
+# Not read: zipped eggs and zip files on sys.path (pip reaches zipped eggs only through its deprecated
+# pkg_resources path; pip and uv install none). pip 26 differs from pip 24 on two broken cases: it lists a
+# dist-info without METADATA and prefers the version in a dist-info's directory name; this follows pip 24.
 import json
 import os
 import re
