@@ -100,9 +100,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gpufleet-scale-"))
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    sshd = start_sshd(work)
-    rows = []
+    sshd, rows = None, []
     try:
+        sshd = start_sshd(work)
         for parallel in map(int, args.parallel.split(",")):
             for hosts in map(int, args.hosts.split(",")):
                 inventory = write_inventory(work, hosts, parallel, venv)
@@ -113,8 +113,9 @@ def main() -> None:
                 print(f"  {hosts} hosts, parallelism {parallel}: {wall:.2f} s wall, {cpu:.2f} s CPU, {rss} MiB",
                       file=sys.stderr)
     finally:
-        sshd.send_signal(signal.SIGTERM)
-        sshd.wait(timeout=30)
+        if sshd is not None:
+            sshd.send_signal(signal.SIGTERM)
+            sshd.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
     print("| hosts | parallelism | wall (median) | control CPU | CPU per host | peak RSS |")
     print("|---|---|---|---|---|---|")
