@@ -8,20 +8,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from invoke import Exit
-from rich.markup import escape
 
-from gpufleet.cli import render
 from gpufleet.cli.fleetdir import fleet_dir, prog
 from gpufleet.errors import ConfigError, GpufleetError, UnreachableError
-from gpufleet.facts.gather import gather_facts
-from gpufleet.config.inventory import Inventory, load_inventory, select_hosts
-from gpufleet.engine.runner import for_each_host
-from gpufleet.config.stack import Stack, load_stack
-from gpufleet.fleet import hoststate
-from gpufleet.fleet.status import compare, unreachable
 
+# Imported where used, not here: every task imports this module, and rich, the roles (jinja2), paramiko and the
+# pydantic models they pull in cost most of a second of CPU before the first SSH packet (issue 13). `status` and
+# `facts` import the connection side first and what reads the answers only once the hosts are being asked.
 if TYPE_CHECKING:
     from gpufleet.cli.target import Target
+    from gpufleet.config.inventory import Inventory
+    from gpufleet.config.stack import Stack
 
 DEFAULT_INVENTORY = "hosts/sim.toml"
 DEFAULT_STACK = "stack.toml"
@@ -88,6 +85,9 @@ def stack_path(explicit: str | None) -> Path:
 
 
 def load(inventory: str | None, stack: str | None, accept_new_host_keys: bool = False) -> tuple[Inventory, Stack]:
+    from gpufleet.config.inventory import load_inventory
+    from gpufleet.config.stack import load_stack
+
     inv = load_inventory(inventory_path(inventory))
     if accept_new_host_keys:
         inv.settings = inv.settings.model_copy(update={"accept_new_host_keys": True})
@@ -96,6 +96,8 @@ def load(inventory: str | None, stack: str | None, accept_new_host_keys: bool = 
 
 
 def selection(inv: Inventory, host: str | None, hosts: str | None, default: str | None = "all") -> list:
+    from gpufleet.config.inventory import select_hosts
+
     spec = ",".join(filter(None, [host, hosts])) or default
     if not spec:
         raise ConfigError(str(inv.path), "name the hosts: --host NAME, --hosts a,b, a group, or all")
@@ -104,8 +106,15 @@ def selection(inv: Inventory, host: str | None, hosts: str | None, default: str 
 
 def facts(target: Target) -> int:
     """`inv facts`: each selected host's facts, as tables or JSON; 1 when any host could not be read."""
+    from gpufleet.engine.runner import for_each_host
+    from gpufleet.facts.gather import gather_facts
+
     as_json = target.json
     outcomes = for_each_host(list(target.hosts), target.inventory, gather_facts)
+    from rich.markup import escape
+
+    from gpufleet.cli import render
+
     data = []
     for out in outcomes:
         if out.ok:
@@ -122,6 +131,9 @@ def facts(target: Target) -> int:
 
 
 def _facts_and_lock(session):
+    from gpufleet.facts.gather import gather_facts
+    from gpufleet.fleet import hoststate
+
     return gather_facts(session), hoststate.read_holder(session)
 
 
@@ -129,6 +141,8 @@ def held_lock(claim) -> dict | None:
     """A host's lock as `inv status` shows it: the holder, and whether it still runs (live / stale / unknown)."""
     if claim is None:
         return None
+    from gpufleet.fleet import hoststate
+
     state, why = hoststate.liveness(claim)
     return {"holder": claim.described, "state": state, "why": why}
 
@@ -136,6 +150,9 @@ def held_lock(claim) -> dict | None:
 def status(target: Target) -> int:
     """`inv status`: each selected host against its stack (overrides resolved before any connection), and the
     holder of each host lock that is held."""
+    from gpufleet.engine.runner import for_each_host
+    from gpufleet.fleet.status import compare, unreachable
+
     stacks = target.stacks
     outcomes = for_each_host(list(target.hosts), target.inventory, _facts_and_lock)
     rows, locks = [], {}
@@ -143,8 +160,14 @@ def status(target: Target) -> int:
         rows.append(compare(h, stacks[h.name], out.value[0]) if out.ok else unreachable(h.name, out.error, out.kind))
         locks[h.name] = held_lock(out.value[1]) if out.ok else None
     if target.json:
-        render.print_json([{**r.to_json(), "lock": locks[h.name]} for h, r in zip(target.hosts, rows)])
+        from gpufleet.cli.jsonout import print_json
+
+        print_json([{**r.to_json(), "lock": locks[h.name]} for h, r in zip(target.hosts, rows)])
     else:
+        from rich.markup import escape
+
+        from gpufleet.cli import render
+
         render.print_status(rows)
         for name, held in locks.items():
             if held:

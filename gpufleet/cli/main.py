@@ -27,6 +27,10 @@ def version() -> str:
 class GpufleetProgram(Program):
     """Invoke's Program with one more core flag: --fleet DIR."""
 
+    def print_version(self) -> None:
+        # read only for --version: the metadata lookup (importlib.metadata, a sys.path scan) is not every task's cost
+        print(f"{self.name} {version()}")
+
     def core_args(self) -> list[Argument]:
         return super().core_args() + [
             Argument(names=("fleet",), help="the fleet directory holding hosts/, stack.toml and patches/; runs/ "
@@ -53,5 +57,4 @@ class GpufleetProgram(Program):
         super().parse_tasks()
 
 
-program = GpufleetProgram(name="gpufleet", binary="gpufleet", binary_names=["gpufleet"], namespace=ns,
-                          version=version())
+program = GpufleetProgram(name="gpufleet", binary="gpufleet", binary_names=["gpufleet"], namespace=ns)

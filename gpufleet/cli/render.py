@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gpufleet.cli.jsonout import print_json  # noqa: F401  (render.print_json, as before)
 from gpufleet.fleet.status import HostStatus, headings, stack_versions
 
 # Piped output (logs, CI) gets a wide console instead of rich's 80 columns, so tables are not folded.
@@ -100,5 +100,3 @@ def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.1f} GiB"
 
 
-def print_json(data) -> None:
-    print(json.dumps(data, indent=2, sort_keys=False, default=str))

@@ -5,16 +5,24 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpufleet.cli.common import command_line, load, selection
 from gpufleet.cli.fleetdir import fleet_dir
-from gpufleet.config import lock as lock_file
 from gpufleet.config.inventory import Host, Inventory
-from gpufleet.config.lock import FleetLock
 from gpufleet.config.stack import Stack, host_stacks
 from gpufleet.errors import ConfigError
 from gpufleet.fleet.roll import RollSummary, last_stopped, max_failures, plan_batches, runs_dir
 from gpufleet.roleapi import Selection
+
+if TYPE_CHECKING:  # the lock module (tomlkit) is read only with --lock or a resumed roll
+    from gpufleet.config.lock import FleetLock
+
+
+def _load_lock(path) -> FleetLock:
+    from gpufleet.config import lock as lock_file  # tomlkit and the lock models: only when a lock is named
+
+    return lock_file.load(path)
 
 
 @dataclass(frozen=True)
@@ -125,14 +133,14 @@ def resolve(task: str, *, inventory: str | None = None, stack: str | None = None
     inv, base = load(inventory, stack, accept_new_host_keys)
     if limit is not None:
         inv.settings = inv.settings.model_copy(update={"parallelism": limit})
-    given = lock_file.load(lock) if lock else None
+    given = _load_lock(lock) if lock else None
     resumed = None
     if roll and roll.resume and not dry_run:
         previous_dir, previous = last_stopped(runs_dir(fleet_dir() / "runs"), task, str(inv.path.resolve()))
         resumed = Resumed(previous_dir, previous)
         chosen = selection(inv, None, ",".join(previous.hosts))
         if given is None and previous.lock:
-            given = lock_file.load(previous.lock)  # the resumed roll's hosts converge to the same lock
+            given = _load_lock(previous.lock)  # the resumed roll's hosts converge to the same lock
     else:
         chosen = selection(inv, host, hosts, default="all" if all_by_default else None)
     if roll is not None:

@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,15 +75,25 @@ class LinkTimes:
 
 
 def measure_round_trip(transport: paramiko.Transport) -> float:
-    """One round trip over an open connection: a session channel opened (sshd answers at once) and closed; a host
+    """One round trip over an open connection: a `keepalive@openssh.com` global request, which sshd answers at once
+    (OpenSSH's own ServerAliveInterval probe; no channel is opened, so a host's facts stay one exec channel). A host
     slower than MAX_ROUND_TRIP to answer counts as that slow. Raises only when the connection itself broke."""
     started = time.monotonic()
-    try:
-        transport.open_session(timeout=MAX_ROUND_TRIP).close()
-    except paramiko.SSHException:  # refused (the refusal is a round trip too) or no answer in time
-        if not transport.is_active():
-            raise
-    return time.monotonic() - started
+    answered = threading.Event()
+
+    def ask() -> None:
+        try:
+            transport.global_request("keepalive@openssh.com", wait=True)
+        except Exception:  # noqa: BLE001 - a broken link shows below as an inactive transport
+            pass
+        finally:
+            answered.set()
+    # paramiko's wait has no limit of its own: the thread ends when the answer comes or the transport closes
+    threading.Thread(target=ask, name="gpufleet-rtt", daemon=True).start()
+    answered.wait(MAX_ROUND_TRIP)
+    if not transport.is_active():
+        raise EOFError("the connection closed")
+    return min(time.monotonic() - started, MAX_ROUND_TRIP)
 
 
 def _transport_offering_certificates(sock, **kwargs) -> paramiko.Transport:

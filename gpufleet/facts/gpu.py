@@ -149,9 +149,9 @@ def parse_gpu_query(text: str, host: str | None) -> list[Gpu]:
 
 
 def parse_smi_header(text: str, host: str | None) -> SmiVersions:
-    """Driver and CUDA versions from plain `nvidia-smi` (its header) or `nvidia-smi -q` text."""
+    """Driver and CUDA versions from plain `nvidia-smi` (its header), `nvidia-smi -q` or `nvidia-smi --version`."""
     _check_smi(text, "driver version", host)
-    driver = re.search(r"Driver Version\s*:\s*(\S+)", text)
+    driver = re.search(r"Driver Version\s*:\s*(\S+)", text) or re.search(r"^DRIVER version\s*:\s*(\S+)", text, re.M)
     if not driver:
         raise FactError("driver version", host, f"no 'Driver Version' in nvidia-smi output: {first_line(text)!r}")
     cuda = re.search(r"CUDA Version\s*:\s*([0-9][0-9.]*)", text)

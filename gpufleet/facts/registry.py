@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Sequence
 
+from gpufleet import remote
 from gpufleet.facts.checkout import KERNEL_DIRS, parse_checkout
 from gpufleet.facts.gpu import GPU_QUERY_FIELDS, gpu_facts, parse_gpu_query, parse_smi_header
 from gpufleet.facts.packages import parse_pip_editables, parse_pip_list_json
@@ -29,6 +30,7 @@ class FactSection:
     """One section: the command it runs (a facts.sh function or a plain command), its parser, the fields it fills.
 
     The wire line is `gf_section NAME *run *args(inputs)`; fill gets the parsed value and the fields filled so far.
+    A section with no `run` is printed by the command of the section before it (one process answers both).
     """
 
     name: str
@@ -61,10 +63,11 @@ FACT_SECTIONS: tuple[FactSection, ...] = (
                 lambda mem, filled: {"mem_total_bytes": mem.total_bytes, "mem_available_bytes": mem.available_bytes}),
     FactSection("disk", "disk space", ("gf_disk",), parse_disks, into("disks"), args=lambda i: i.paths),
     FactSection("nvcc", "nvcc version", ("gf_nvcc",), parse_nvcc, into("nvcc_version")),
-    FactSection("python", "Python version", ("gf_python",), parse_python_version, into("python_version"),
-                args=lambda i: (i.venv,)),
-    FactSection("packages", "packages", ("gf_packages",), _packages,
-                lambda found, filled: {"packages": found[0], "editables": found[1]}, args=lambda i: (i.venv,)),
+    # one python process answers both: its version, then its distributions read as pip would (facts_dists.py)
+    FactSection("python", "Python version", ("gf_venv",), parse_python_version, into("python_version"),
+                args=lambda i: (i.venv, remote.text("facts_dists.py"))),
+    FactSection("packages", "packages", (), _packages,
+                lambda found, filled: {"packages": found[0], "editables": found[1]}),
     FactSection("checkout", "source checkout", ("gf_checkout",), parse_checkout, into("checkout"),
                 args=lambda i: (i.checkout, *KERNEL_DIRS)),
     FactSection("unit", "systemd unit", ("gf_unit",), parse_unit, into("unit"), args=lambda i: (unit_name(i.service),)),

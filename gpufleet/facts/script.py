@@ -21,5 +21,5 @@ def facts_script(venv: str, checkout: str, service: str, paths: list[str]) -> st
     Paths should be absolute (the script runs from `/`). Feed it to `bash -s` or `bash -c`; it always exits 0.
     """
     inputs = FactInputs(venv, checkout, service, list(paths))
-    calls = [shlex.join(["gf_section", s.name, *s.run, *s.args(inputs)]) for s in FACT_SECTIONS]
+    calls = [shlex.join(["gf_section", s.name, *s.run, *s.args(inputs)]) for s in FACT_SECTIONS if s.run]
     return remote.text("facts.sh") + "\n".join(calls) + "\nexit 0\n"

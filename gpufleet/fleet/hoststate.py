@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from gpufleet import remote
 from gpufleet.engine.command import Cmd
 from gpufleet.errors import GpufleetError, RemoteCommandError
-from gpufleet.facts.script import unit_name
+from gpufleet.facts.unit import unit_name
 
 STATE_DIR = "/var/lib/gpufleet"
 LOCK_DIR = f"{STATE_DIR}/lock"

@@ -49,32 +49,29 @@ def test_the_connect_timeout_reaches_fabric_rounded_up(tmp_path, connect_timeout
 
 
 class _Transport:
-    """Just enough of paramiko's Transport: a session channel opens, is refused, or the connection is gone."""
+    """Just enough of paramiko's Transport: a keepalive request is answered, or the connection is gone."""
 
     def __init__(self, refuse: bool = False, active: bool = True):
         self.refuse, self.active = refuse, active
 
     def open_session(self, timeout=None):
-        import paramiko
+        raise AssertionError("measuring the round trip must not open a channel (facts are one exec channel)")
 
-        if self.refuse:
-            raise paramiko.ChannelException(1, "administratively prohibited")
+    def global_request(self, kind, data=None, wait=True):
+        import time
 
-        class Chan:
-            def close(self):
-                pass
-        return Chan()
+        assert kind == "keepalive@openssh.com" and wait
+        time.sleep(0.05)  # sshd answers keepalive@openssh.com with a failure reply: one round trip
+        return None
 
     def is_active(self):
         return self.active
 
 
-def test_the_round_trip_is_measured_also_when_the_channel_is_refused():
+def test_the_round_trip_is_one_keepalive_request_and_no_channel():
     from gpufleet.engine.ssh import measure_round_trip
 
-    assert measure_round_trip(_Transport()) >= 0
-    assert measure_round_trip(_Transport(refuse=True)) >= 0  # a refusal comes back after one round trip too
-    import paramiko
-
-    with pytest.raises(paramiko.SSHException):
+    assert measure_round_trip(_Transport()) >= 0.05
+    assert measure_round_trip(_Transport(refuse=True)) >= 0.05  # the refusal comes back after one round trip too
+    with pytest.raises(EOFError):
         measure_round_trip(_Transport(refuse=True, active=False))  # the connection broke: that is an error

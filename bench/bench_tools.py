@@ -1,0 +1,227 @@
+"""Benchmark (on demand, never in CI): `inv status` against the plain-ssh floor, pyinfra and Ansible on the same hosts.
+
+Boots a private simulated fleet (or reuses a running one with --reuse), installs pyinfra and ansible-core into a
+bench-only venv, then times 1 warm-up + N runs of each tool reading the same things on every host (GPUs, the venv's
+packages, git HEAD/status/stash, unit state and hash, free disk). Prints medians, control-node CPU (this process's
+children) and host CPU (the hosts' cgroups), with ratios against the floor, in one table; with --upgrade also a
+no-op `inv upgrade --hosts all` on the converged fleet against `inv status`. Tears down what it started.
+
+Run as root from the checkout, on a private fleet:
+  GPUFLEET_SIM_PREFIX=gfb GPUFLEET_SIM_SUBNET=10.240.0 python3 bench/bench_tools.py --hosts 8 [--runs 5] [--upgrade]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from gpufleet.facts.script import facts_script  # noqa: E402
+from gpufleet.sim.fleet import SimFleet  # noqa: E402
+from gpufleet.sim.layout import CHECKOUT, MODEL_PATH, PREFIX, VENV  # noqa: E402
+
+BENCH_VENV = Path(os.environ.get("GPUFLEET_BENCH_VENV", "/var/tmp/gpufleet-bench-venv"))
+TOOLS = ("pyinfra==3.10.0", "ansible-core")
+# What an engineer asks each host with a general tool: the same facts as gpufleet's status, the usual commands.
+USER_READS = "; ".join([
+    "nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,compute_cap,driver_version,memory.total "
+    "--format=csv,noheader,nounits",
+    "nvidia-smi | head -n 4",
+    f"{VENV}/bin/python -m pip list --format=json --disable-pip-version-check",
+    f"git -C {CHECKOUT} rev-parse HEAD", f"git -C {CHECKOUT} status --porcelain", f"git -C {CHECKOUT} stash list",
+    "systemctl is-active sglang.service; systemctl is-enabled sglang.service",
+    "sha256sum /etc/systemd/system/sglang.service", f"df -PB1 {VENV} {CHECKOUT} /tmp",
+])
+
+
+@dataclass
+class Sample:
+    wall: float
+    control_cpu: float
+    host_cpu: float
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def host_cpu(names: list[str]) -> float:
+    """CPU seconds the hosts' containers have used so far (cgroup v2 cpu.stat of each host's cgroup)."""
+    total = 0.0
+    for name in names:
+        for top in (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")):
+            stat = top / f"{PREFIX}-{name}" / "cpu.stat"
+            if stat.exists():
+                usage = dict(line.split() for line in stat.read_text().splitlines())
+                total += int(usage["usage_usec"]) / 1e6
+                break
+    return total
+
+
+def timed(argv: list[str] | list[list[str]], names: list[str], env: dict | None = None, ok=(0,),
+          stdin: str | None = None) -> Sample:
+    """One run: a command, or several started together (one ssh per host), waited for; its wall and CPU."""
+    argvs = argv if argv and isinstance(argv[0], list) else [argv]
+    cpu0, host0, t0 = children_cpu(), host_cpu(names), time.perf_counter()
+    procs = [subprocess.Popen(a, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, env=tool_env(env), text=True) for a in argvs]
+    outs = [p.communicate(stdin)[0] for p in procs]
+    wall = time.perf_counter() - t0
+    sample = Sample(wall, children_cpu() - cpu0, host_cpu(names) - host0)
+    for p, out, a in zip(procs, outs, argvs):
+        if p.returncode not in ok:
+            raise SystemExit(f"bench: `{shlex.join(a)[:200]}` exited {p.returncode}:\n{out[-2000:]}")
+    return sample
+
+
+def tool_env(extra: dict | None = None) -> dict:
+    """The environment each tool runs in: bytecode caches on, as for any installed tool (a shell that sets
+    PYTHONDONTWRITEBYTECODE would make gpufleet compile its modules on every start: ~0.25 s of CPU here)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, **(extra or {})}
+
+
+def bench_venv() -> Path:
+    """The bench-only venv with pyinfra and ansible-core (made once, kept for later runs)."""
+    if not (BENCH_VENV / "bin" / "ansible").exists() or not (BENCH_VENV / "bin" / "pyinfra").exists():
+        python = shutil.which("python3.12") or "/root/.pyenv/versions/3.12.1/bin/python"
+        python = python if Path(python).exists() else sys.executable
+        subprocess.run([python, "-m", "venv", str(BENCH_VENV)], check=True)
+        subprocess.run([str(BENCH_VENV / "bin" / "pip"), "install", "-q", *TOOLS], check=True)
+    return BENCH_VENV
+
+
+def tool_files(fleet: SimFleet, names: list[str], work: Path) -> tuple[Path, Path]:
+    """pyinfra's and Ansible's inventories for the hosts: root, the fleet's key, strict host keys."""
+    key, known = fleet.client_key, fleet.known_hosts
+    hosts = [(n, fleet.host(n).address) for n in names]
+    pyinv = work / "pyinfra_inventory.py"
+    pyinv.write_text("hosts = [\n" + "".join(
+        f"    ({addr!r}, {{'ssh_user': 'root', 'ssh_key': {str(key)!r}, 'ssh_known_hosts_file': {str(known)!r}, "
+        f"'ssh_strict_host_key_checking': 'yes'}}),\n" for _, addr in hosts) + "]\n")
+    ini = work / "ansible_inventory.ini"
+    ini.write_text("[fleet]\n" + "".join(f"{n} ansible_host={a}\n" for n, a in hosts) + "\n[fleet:vars]\n"
+                   f"ansible_user=root\nansible_ssh_private_key_file={key}\n"
+                   f"ansible_ssh_common_args='-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes'\n"
+                   "ansible_python_interpreter=/usr/bin/python3\n")
+    return pyinv, ini
+
+
+def commands(fleet: SimFleet, names: list[str], inventory: Path, venv: Path, work: Path) -> dict:
+    pyinv, ini = tool_files(fleet, names, work)
+    inv = [sys.executable, "-m", "invoke", "-r", str(REPO)]
+    script = facts_script(VENV, CHECKOUT, "sglang", [VENV, CHECKOUT, MODEL_PATH, "/tmp"])  # as gather_facts sends it
+    ansible_env = {"ANSIBLE_PIPELINING": "True", "ANSIBLE_HOST_KEY_CHECKING": "True",
+                   "ANSIBLE_SSH_ARGS": "-o ControlMaster=no -o ControlPersist=no", "ANSIBLE_NOCOLOR": "1",
+                   "ANSIBLE_LOCAL_TEMP": str(work / "ansible-local"), "ANSIBLE_DEPRECATION_WARNINGS": "False"}
+    return {
+        "plain ssh, user reads (floor)": dict(argv=[fleet.ssh_argv(n) + [USER_READS] for n in names]),
+        # sent as gpufleet sends it: the remote command `bash -c SCRIPT` (stdin would serialise the hosts here)
+        "plain ssh, gpufleet's facts script": dict(argv=[fleet.ssh_argv(n) + [shlex.join(["bash", "-c", script])]
+                                                         for n in names]),
+        "gpufleet: inv status --json": dict(argv=inv + ["status", "--json", "--hosts", "all", "--inventory",
+                                                        str(inventory)], ok=(0, 1)),
+        "pyinfra 3.10 exec": dict(argv=[str(venv / "bin" / "pyinfra"), "-y", str(pyinv), "exec", "--",
+                                        USER_READS]),
+        "Ansible shell (forks 64, pipelining)": dict(
+            argv=[str(venv / "bin" / "ansible"), "fleet", "-i", str(ini), "-f", "64", "-m", "shell", "-a",
+                  USER_READS], env=ansible_env),
+    }
+
+
+def measure(name: str, spec: dict, names: list[str], runs: int) -> list[Sample]:
+    timed(spec["argv"], names, spec.get("env"), spec.get("ok", (0,)), spec.get("stdin"))  # warm-up
+    samples = [timed(spec["argv"], names, spec.get("env"), spec.get("ok", (0,)), spec.get("stdin"))
+               for _ in range(runs)]
+    print(f"  {name}: " + ", ".join(f"{s.wall:.2f}" for s in samples) + " s", file=sys.stderr)
+    return samples
+
+
+def table(results: dict[str, list[Sample]], hosts: int, floor: str) -> str:
+    med = {k: Sample(*(statistics.median(getattr(s, f) for s in v) for f in ("wall", "control_cpu", "host_cpu")))
+           for k, v in results.items()}
+    base = med[floor].wall
+    lines = [f"| {hosts} host(s) | wall (median) | x floor | control CPU | host CPU per host |",
+             "|---|---|---|---|---|"]
+    for k, m in med.items():
+        lines.append(f"| {k} | {m.wall:.2f} s | {m.wall / base:.2f} | {m.control_cpu:.2f} s | "
+                     f"{m.host_cpu / hosts:.2f} s |")
+    return "\n".join(lines)
+
+
+def converge(inventory: Path, env: dict) -> None:
+    """One real `inv upgrade --hosts all` (not timed): the fleet on target before the no-op runs."""
+    subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), "upgrade", "--hosts", "all", "--inventory",
+                    str(inventory)], check=True, stdout=subprocess.DEVNULL, env=tool_env(env))
+
+
+
+def calibration() -> float:
+    """CPU seconds of a bare `python3 -c pass` here and now: how fast this machine's CPU is under its load."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(5):
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / 5
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hosts", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--reuse", type=Path, help="use the running fleet whose inventory this is; leave it up")
+    parser.add_argument("--upgrade", action="store_true", help="also a no-op `inv upgrade --hosts all` vs status")
+    parser.add_argument("--only", help="comma-separated substrings of the rows to run")
+    args = parser.parse_args()
+    fleet, work = SimFleet(), Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
+    inventory = args.reuse or work / "inventory.toml"
+    if not args.reuse:
+        fleet.up(count=args.hosts, inventory=inventory, on_progress=lambda m: print(f"sim: {m}", file=sys.stderr))
+    try:
+        chosen = fleet.state().hosts[: args.hosts]
+        names = [h.name for h in chosen]
+        if args.reuse:  # the tools' and inv's hosts: exactly the chosen ones
+            inventory = work / "inventory.toml"
+            fleet.write_inventory(inventory, chosen)
+        venv = bench_venv()
+        specs = commands(fleet, names, inventory, venv, work)
+        if args.only:
+            specs = {k: v for k, v in specs.items() if any(o in k for o in args.only.split(","))}
+        print(f"bench: {len(names)} hosts, 1 warm-up + {args.runs} runs each, {os.cpu_count()} control cores, "
+              f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
+        results = {k: measure(k, v, names, args.runs) for k, v in specs.items()}
+        if args.upgrade:
+            # the rolls' records and the locks they write: the bench's, not the checkout's
+            runs = {"GPUFLEET_RUNS_DIR": str(work / "runs"), "GPUFLEET_LOCKS_DIR": str(work / "locks")}
+            converge(inventory, runs)
+            inv = [sys.executable, "-m", "invoke", "-r", str(REPO)]
+            results["gpufleet: inv upgrade --hosts all (no-op)"] = measure(
+                "no-op upgrade", dict(argv=inv + ["upgrade", "--hosts", "all", "--inventory", str(inventory)],
+                                      env=runs), names, args.runs)
+        floor = next((k for k in results if "floor" in k), next(iter(results)))
+        print(table(results, len(names), floor))
+        print(f"\n(conditions: {os.cpu_count()} control cores shared, load average {os.getloadavg()[0]:.1f} at the "
+              f"end; hosts are systemd-nspawn containers on the same machine; a bare `python3 -c pass` costs "
+              f"{calibration():.3f} s CPU here)")
+    finally:
+        if not args.reuse:
+            fleet.down()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

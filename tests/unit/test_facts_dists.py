@@ -1,0 +1,167 @@
+"""facts_dists.py (the venv's distributions read from their metadata directories) gives pip list's answer: on the
+real H200 venv's names and versions, on the edge cases pip 24.0 was seen to answer, and against this machine's pip."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpufleet import remote
+from gpufleet.facts import facts_script, parse_facts, parse_pip_editables, parse_pip_list_json
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+# as over SSH: the test run's PYTHONPATH (the checkout, with any egg-info a build left there) is no host's
+CLEAN_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def make_venv(path: Path, pip: bool = False) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", *([] if pip else ["--without-pip"]), str(path)], check=True)
+    return next((path / "lib").glob("python*/site-packages"))
+
+
+def dist_info(site: Path, dirname: str, name: str | None, version: str, **files: str) -> Path:
+    info = site / dirname
+    info.mkdir()
+    if name is not None:
+        # headers end at the first blank line: a `Name:` in the description must not count
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\nName: not-this\n")
+    for file, text in files.items():
+        (info / ("direct_url.json" if file == "direct_url_json" else file)).write_text(text)
+    return info
+
+
+def read(venv: Path) -> tuple[str, str]:
+    """(python section text, packages section text) from the reader run as the facts script runs it."""
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", remote.text("facts_dists.py")], cwd="/",
+                          capture_output=True, text=True, check=True, env=CLEAN_ENV)
+    version, header, listing = proc.stdout.split("\n", 2)
+    assert header == "@@gpufleet-section packages rc=0@@"
+    return version, listing
+
+
+@pytest.fixture(scope="module")
+def h200_venv(tmp_path_factory) -> Path:
+    """A venv holding a dist-info directory for each distribution pip listed in the real H200's venv."""
+    venv = tmp_path_factory.mktemp("h200") / "venv"
+    site = make_venv(venv)
+    for item in json.loads((FIXTURES / "real-h200" / "pip-list.json").read_text()):
+        # wheel installers name the directory after the name with runs of -_. as `_`
+        dist_info(site, f"{re.sub(r'[-_.]+', '_', item['name'])}-{item['version']}.dist-info", item["name"],
+                  item["version"], INSTALLER="pip\n", RECORD="")
+    return venv
+
+
+def test_real_h200_listing_is_pips_exactly(h200_venv):
+    version, listing = read(h200_venv)
+    assert version == ".".join(map(str, sys.version_info[:3]))
+    assert listing == (FIXTURES / "real-h200" / "pip-list.json").read_text()
+
+
+def test_real_h200_listing_parses_the_same(h200_venv):
+    script = facts_script(str(h200_venv), "/nonexistent", "sglang", [])
+    text = subprocess.run(["bash", "-s"], input=script, capture_output=True, text=True, check=True,
+                          env=CLEAN_ENV).stdout
+    facts = parse_facts("h200", text)
+    pip_list = (FIXTURES / "real-h200" / "pip-list.json").read_text()
+    assert facts.packages == parse_pip_list_json(pip_list, "h200") and len(facts.packages) == 197
+    assert facts.editables == {}
+    assert facts.python_version == ".".join(map(str, sys.version_info[:3]))
+
+
+@pytest.fixture(scope="module")
+def edge_venv(tmp_path_factory) -> tuple[Path, Path]:
+    """A venv with what real hosts carry besides clean wheels: each case as pip 24.0 answered it (see below)."""
+    root = tmp_path_factory.mktemp("edge")
+    venv = root / "venv"
+    site = make_venv(venv)
+    dist_info(site, "Demo_Pkg-1.0.0rc1.dist-info", "Demo_Pkg", "1.0.0-RC1")  # pip prints the PEP 440 normal form
+    dist_info(site, "certi-2026.7.1.dist-info", "certi", "2026.07.01")
+    dist_info(site, "loc-1.0+cu130.1.dist-info", "loc", "1.0+CU130.001")
+    dist_info(site, "weird-0.dist-info", "weird", "not-a-version")  # pip 24.0 (LegacyVersion): as written
+    dist_info(site, "broken-2.0.dist-info", None, "")  # an interrupted install: no METADATA, pip 24.0 skips it
+    dist_info(site, "~orch-1.0.dist-info", "torch", "1.0")  # pip's leftover of an interrupted upgrade: ignored
+    dist_info(site, "ed_pkg-0.1.dist-info", "ed-pkg", "0.1",
+              direct_url_json='{"url": "file:///srv/my%20proj", "dir_info": {"editable": true}}')
+    dist_info(site, "plain_dir-0.2.dist-info", "plain-dir", "0.2",  # installed from a directory, not editable
+              direct_url_json='{"url": "file:///srv/plain", "dir_info": {}}')
+    egg = site / "Old.Pkg-0.1-py3.12.egg-info"
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: Old.Pkg\nVersion: 0.1\n")
+    (site / "filepkg-3.0.egg-info").write_text("Metadata-Version: 1.1\nName: filepkg\nVersion: 3.0\n")
+    # `setup.py develop`: the project's egg-info, an egg-link and the project directory on sys.path through a .pth
+    legacy = root / "legacy"
+    (legacy / "legacy.egg-info").mkdir(parents=True)
+    (legacy / "legacy.egg-info" / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: legacy\nVersion: 0.3\n")
+    (site / "legacy.egg-link").write_text(f"{legacy}\n.\n")
+    (site / "easy-install.pth").write_text(f"{legacy}\n")
+    # only an egg-link (no .pth): pip still finds it through the link
+    linked = root / "linked"
+    (linked / "linkonly.egg-info").mkdir(parents=True)
+    (linked / "linkonly.egg-info" / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: LinkOnly\nVersion: 0.4\n")
+    (site / "LinkOnly.egg-link").write_text(f"{linked}\n")
+    return venv, root
+
+
+def test_edge_cases_as_pip_24_answers(edge_venv):
+    venv, root = edge_venv
+    _, listing = read(venv)
+    assert json.loads(listing) == [
+        {"name": "certi", "version": "2026.7.1"},
+        {"name": "Demo_Pkg", "version": "1.0.0rc1"},
+        {"name": "ed-pkg", "version": "0.1", "editable_project_location": "/srv/my proj"},
+        {"name": "filepkg", "version": "3.0"},
+        {"name": "legacy", "version": "0.3", "editable_project_location": str(root / "legacy")},
+        {"name": "LinkOnly", "version": "0.4", "editable_project_location": str(root / "linked")},
+        {"name": "loc", "version": "1.0+cu130.1"},
+        {"name": "Old.Pkg", "version": "0.1"},
+        {"name": "plain-dir", "version": "0.2"},
+        {"name": "weird", "version": "not-a-version"},
+    ]
+    assert parse_pip_editables(listing, "h") == {"ed-pkg": "/srv/my proj", "legacy": str(root / "legacy"),
+                                                 "linkonly": str(root / "linked")}
+
+
+def test_first_on_sys_path_wins(tmp_path):
+    venv = tmp_path / "venv"
+    site = make_venv(venv)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    dist_info(extra, "dup-9.0.dist-info", "dup", "9.0")
+    dist_info(site, "dup-1.0.dist-info", "dup", "1.0")
+    (site / "zz.pth").write_text(f"{extra}\n")  # appended after site-packages
+    assert json.loads(read(venv)[1]) == [{"name": "dup", "version": "1.0"}]
+
+
+def test_same_answer_as_this_machines_pip(tmp_path):
+    """The oracle: pip itself, run in a venv holding the edge cases (pip's own dist-info listed too)."""
+    venv = tmp_path / "venv"
+    try:
+        site = make_venv(venv, pip=True)
+    except subprocess.CalledProcessError:
+        pytest.skip("this python cannot make a venv with pip (no ensurepip)")
+    dist_info(site, "Demo_Pkg-1.0.0rc1.dist-info", "Demo_Pkg", "1.0.0-RC1")
+    dist_info(site, "ed_pkg-0.1.dist-info", "ed-pkg", "0.1",
+              direct_url_json='{"url": "file:///srv/my%20proj", "dir_info": {"editable": true}}')
+    dist_info(site, "~orch-1.0.dist-info", "torch", "1.0")
+    (site / "filepkg-3.0.egg-info").write_text("Metadata-Version: 1.1\nName: filepkg\nVersion: 3.0\n")
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=json",
+                          "--disable-pip-version-check"], cwd="/", capture_output=True, text=True, check=True,
+                         env=CLEAN_ENV)
+    assert json.loads(read(venv)[1]) == json.loads(pip.stdout)
+
+
+def test_a_reader_that_dies_still_gives_a_packages_section(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\necho 'Traceback: boom' >&2\nexit 3\n")
+    (venv / "bin" / "python").chmod(0o755)
+    script = facts_script(str(venv), "/nonexistent", "sglang", [])
+    facts = parse_facts("h", subprocess.run(["bash", "-s"], input=script, capture_output=True, text=True,
+                                            env=CLEAN_ENV).stdout)
+    assert facts.packages is None and facts.python_version is None
+    assert "could not read packages on host h: no pip list JSON in output: 'Traceback: boom' (exit code 3)" \
+        in facts.problems
