@@ -5,7 +5,6 @@ load, and secrets (HF token, sudo password, index credentials) stay out of every
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shlex
 import shutil
@@ -259,7 +258,8 @@ SGLANG_SIM_WARMUP = "1"
 """
     path = write_inventory(fleet, tmp_path / "hosts.toml", ["gpu3"], extra=extra)
     runs, locks = tmp_path / "runs", tmp_path / "locks"
-    env = {"GPUFLEET_RUNS_DIR": str(runs), "GPUFLEET_LOCKS_DIR": str(locks)}
+    cache = tmp_path / "cache"  # its own: none of gpu2's builds above, every file it holds fetched by this test
+    env = {"GPUFLEET_RUNS_DIR": str(runs), "GPUFLEET_LOCKS_DIR": str(locks), "GPUFLEET_CACHE_DIR": str(cache)}
     outputs = []
     for args in (("upgrade", "--hosts", "gpu3", "--canary", "gpu3", "--hf-token-file", str(token_file)),
                  ("deploy-model", "--host", "gpu3", "--hf-token-file", str(token_file)),
@@ -275,7 +275,7 @@ SGLANG_SIM_WARMUP = "1"
 
     for out in outputs:
         assert leaks(out) == [], out[-3000:]
-    for where in (runs, locks, Path(os.environ["GPUFLEET_CACHE_DIR"])):
+    for where in (runs, locks, cache):
         for file in where.rglob("*"):
             if file.is_file():
                 assert leaks(file.read_text(errors="replace")) == [], file
