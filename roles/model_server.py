@@ -34,6 +34,10 @@ _TEMPLATES = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).pa
                                 undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                                 keep_trailing_newline=True, autoescape=False)
 _SAFE_WORD = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+# systemd refuses an ExecStart executable whose path holds a quote or a backslash ("Executable name contains special
+# characters"); such a venv's python is started by sh with its path as $0, never pasted into a script.
+_SD_UNSAFE_EXEC = re.compile(r"[\"'\\]")
+_EXEC_VIA_SH = ("/bin/sh", "-c", 'exec "$0" "$@"')
 
 
 def unit_path(host) -> str:
@@ -127,7 +131,15 @@ def render_unit(host, stack, python_version: str) -> str:
     return _TEMPLATES.get_template("sglang.service.j2").render(
         model=stack.model.name, service=host.service, env_file=env_path(host), timeout_start=TIMEOUT_START,
         environment=[sd_quote(f"{k}={v}", expand=False) for k, v in env.items()],
-        exec_lines=[" ".join(sd_quote(w) for w in group) for group in exec_groups(host, stack)])
+        exec_lines=[" ".join(sd_quote(w) for w in group) for group in _exec_start(exec_groups(host, stack))])
+
+
+def _exec_start(groups: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """ExecStart's words: the server's argv, behind sh's exec when systemd would refuse the executable's path."""
+    first, *rest = groups
+    if _SD_UNSAFE_EXEC.search(first[0]):
+        return [_EXEC_VIA_SH + first, *rest]
+    return groups
 
 
 def env_file_text(secrets: Mapping[str, str]) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from gpufleet.config.util import (LocalPath, RemotePath, check_name, deep_merge, read_toml,
+from gpufleet.config.util import (LocalPath, RemotePath, check_name, deep_merge, key_text, read_toml,
                                   unknown_key_problem, validation_error)
 from gpufleet.errors import ConfigError
 
@@ -177,7 +177,7 @@ def load_inventory(path: str | Path) -> Inventory:
     _check_keys(p, defaults, HOST_KEYS, None, "defaults.")
     hosts_raw = _table(p, raw, "hosts", None)
     if not hosts_raw:
-        raise ConfigError(str(p), "defines no hosts (add [hosts.<name>] tables)")
+        raise ConfigError(str(p), "defines no hosts (add [hosts.<name>] tables)", field="hosts")
     hosts = {name: _host(p, name, defaults, entry, ctx) for name, entry in hosts_raw.items()}
     groups = _resolve_groups(p, hosts, declared)
     hosts = {n: _with_groups(h, [g for g in groups if n in groups[g]]) for n, h in hosts.items()}
@@ -202,7 +202,7 @@ def _check_keys(path: Path, table: dict, allowed: list[str] | tuple[str, ...], h
                 prefix: str) -> None:
     for key, value in table.items():
         if key not in allowed:
-            raise ConfigError(str(path), unknown_key_problem(list(allowed)), host=host, field=prefix + key,
+            raise ConfigError(str(path), unknown_key_problem(list(allowed)), host=host, field=prefix + key_text(key),
                               value=value, has_value=True)
 
 
@@ -215,7 +215,7 @@ def _settings(path: Path, data: dict, ctx: dict) -> Settings:
 
 def _declared_groups(path: Path, data: dict) -> dict[str, list[str]]:
     for name, members in data.items():
-        _name_or_error(path, name, "group", None, f"groups.{name}")
+        _name_or_error(path, name, "group", None, "groups")
         if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
             raise ConfigError(str(path), "must be a list of host names", field=f"groups.{name}",
                               value=members, has_value=True)
@@ -230,7 +230,7 @@ def _name_or_error(path: Path, name: str, what: str, host: str | None, fld: str 
 
 
 def _host(path: Path, name: str, defaults: dict, entry: object, ctx: dict) -> Host:
-    _name_or_error(path, name, "host", name, None)
+    _name_or_error(path, name, "host", name, "hosts")
     if not isinstance(entry, dict):
         raise ConfigError(str(path), "must be a table", host=name, field=f"hosts.{name}", value=entry,
                           has_value=True)

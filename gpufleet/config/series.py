@@ -7,9 +7,14 @@ series file (or comments only) is the explicit "no patches"."""
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 from gpufleet.errors import ConfigError
+
+
+# A patch is named on hosts' command lines and in paths there: a plain file name, nothing a shell reads.
+PATCH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
 def series_file(patch_dir: Path) -> Path:
@@ -22,6 +27,12 @@ def series_file(patch_dir: Path) -> Path:
     if not series.is_file():
         raise ConfigError(str(series), "series file not found: it lists the directory's patches in order, one a "
                                        "line (an empty series file means no patches)")
+    for number, line in enumerate(series.read_text(errors="replace").splitlines(), 1):
+        words = re.sub(r"(^|\s)#.*$", "", line).split()
+        if words and not PATCH_NAME.match(words[0]):
+            raise ConfigError(f"{series}:{number}", "a patch must be a plain file name in the series directory "
+                                                    "(letters, digits, '.', '_', '+', '-')",
+                              value=words[0], has_value=True)
     return series
 
 

@@ -402,7 +402,8 @@ def _check_patch_dirs(stack: Stack, path: str | Path, host: str | None) -> None:
         try:
             series_file(directory)
         except ConfigError as exc:
-            raise ConfigError(str(path), f"{exc.path}: {exc.problem}", host=host, field=fld) from None
+            raise ConfigError(str(path), f"{exc.path}: {exc.problem}", host=host, field=fld, value=exc.value,
+                              has_value=exc.value is not None) from None
 
 
 def _check_plain_http(stack: Stack, path: str | Path, host: str | None) -> None:

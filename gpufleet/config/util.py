@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import posixpath
 import re
 import tomllib
@@ -14,7 +15,9 @@ from pydantic import BaseModel, BeforeValidator, ValidationError, ValidationInfo
 from gpufleet.errors import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 _TOML_AT = re.compile(r"\(at line (\d+), column (\d+)\)")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # no sane path holds one; some end a line
 _TOML_TWICE = re.compile(r"Cannot declare \((.*)\) twice")
 
 
@@ -60,13 +63,19 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def key_text(key: object) -> str:
+    """A TOML key as a field name shows it: bare when TOML allows, else quoted ("" for the empty key)."""
+    text = str(key)
+    return text if _BARE_KEY.match(text) else json.dumps(text)
+
+
 def dotted(loc: tuple[Any, ...]) -> str:
-    """('server', 'extra_args', 0) -> 'server.extra_args[0]'."""
+    """('server', 'extra_args', 0) -> 'server.extra_args[0]'; a key TOML cannot write bare is quoted."""
     text = ""
     for part in loc:
         if part == "[key]":  # pydantic marks a bad dict key this way; the key itself is the previous part
             continue
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+        text += f"[{part}]" if isinstance(part, int) else (f".{key_text(part)}" if text else key_text(part))
     return text
 
 
@@ -129,8 +138,9 @@ def _remote_abs(value: object) -> str:
         raise ValueError("must be a string path")
     if not value.startswith("/"):
         raise ValueError("must be an absolute path (the remote side does not expand '~' or relative paths)")
-    if "\n" in value or "\0" in value:
-        raise ValueError("must not contain newlines or NUL bytes")
+    if _CONTROL.search(value):
+        raise ValueError("must not contain control characters (newlines, NUL, escapes): every command on the host "
+                         "names it")
     return posixpath.normpath(value).replace("//", "/")
 
 
@@ -138,7 +148,12 @@ def _local_path(value: object, info: ValidationInfo) -> Path:
     # Relative paths are read relative to the file that names them, not the current directory.
     if not isinstance(value, (str, Path)) or str(value) == "":
         raise ValueError("must be a non-empty string path")
-    p = Path(value).expanduser()
+    if _CONTROL.search(str(value)):
+        raise ValueError("must not contain control characters (newlines, NUL, escapes)")
+    try:
+        p = Path(value).expanduser()
+    except RuntimeError:  # ~user of a user this machine does not have
+        raise ValueError("names the home directory of a user this machine does not have") from None
     if not p.is_absolute():
         base = (info.context or {}).get("base_dir")
         if base is None:  # built in code, not loaded from a file: nothing to be relative to yet

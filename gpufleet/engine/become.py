@@ -81,8 +81,10 @@ def wire(cmd: Cmd, become: Become | None) -> Wire:
     """The one wrapping of a command for a host: used by HostSession.run, .channel and OpenSSH pushes."""
     if become is None or cmd.login:
         return Wire(cmd.render(), b"", cmd.display())
-    text, stdin = wrap_text(cmd.render(), become)
-    return Wire(text, stdin, f"{become.sudo()} {cmd.display()}")
+    # sudo logs the command line it runs (syslog, the journal): secrets go on stdin, after the password line
+    inner, secrets = cmd.render_secrets_on_stdin()
+    text, stdin = wrap_text(inner, become)
+    return Wire(text, stdin + secrets, f"{become.sudo()} {cmd.display()}")
 
 
 def proof(become: Become) -> Cmd:

@@ -81,11 +81,29 @@ def test_become_wraps_once_in_sudo_and_keeps_secrets_masked_in_what_is_shown():
     cmd = Cmd.of("echo", Secret("hf_token"), env={"A": "1"}, cwd="/srv")
     w = wire(cmd, Become())
     assert w.text.startswith("sudo -n -H -u root -- /bin/bash -c \"$(cat <<'GPUFLEET_")
-    assert cmd.render() in w.text and w.stdin == b""
+    # sudo logs its command line: the secret goes on stdin (base64, one line), the text only names it
+    assert "hf_token" not in w.text and w.stdin == b"aGZfdG9rZW4=\n"
     assert w.shown == "sudo -n -H -u root -- cd /srv && env A=1 echo " + MASK and "hf_token" not in w.shown
     pw = wire(cmd, Become("svc", "pw!"))
-    assert pw.text.startswith("sudo -S -k -p '' -H -u svc -- /bin/bash -c") and pw.stdin == b"pw!\n"
-    assert "pw!" not in pw.text and "pw!" not in pw.shown
+    assert pw.text.startswith("sudo -S -k -p '' -H -u svc -- /bin/bash -c") and pw.stdin == b"pw!\naGZfdG9rZW4=\n"
+    assert "pw!" not in pw.text and "pw!" not in pw.shown and "hf_token" not in pw.text
+    plain = Cmd.of("echo", "x", cwd="/srv")
+    assert plain.render() in wire(plain, Become()).text and wire(plain, Become()).stdin == b""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("sudo"), reason="needs root and sudo")
+def test_secrets_on_stdin_reach_the_command_whole_through_real_sudo_and_keep_owner(tmp_path):
+    value = "line one 'q' \"d\" $(touch pwned) `x`\nline two\n"
+    out = tmp_path / "out"
+    cmd = Cmd.of("bash", "-c", 'printf %s "$1" > "$2"; cat', "write", Secret(value), str(out), env={"S": Secret("s2")},
+                 keep_owner=(str(tmp_path),))
+    w = wire(cmd, Become())
+    assert value not in w.text and "s2" not in w.text.replace("GPUFLEET_SECRET_", "")
+    proc = subprocess.run(["bash", "-c", w.text], input=w.stdin + b"the command's own stdin\n", capture_output=True,
+                          cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_text() == value and proc.stdout == b"the command's own stdin\n"
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_a_login_read_is_never_wrapped():
