@@ -225,8 +225,10 @@ def _tools_cmd(ctx: PlanContext, tools: list[str]) -> Cmd:
     install = pip.install_cmd(ctx, tools, index_url=ctx.stack.pip.index_url,
                               extra_index_urls=[*ctx.stack.pip.extra_index_urls, ctx.stack.torch.index_url])
     check = Cmd.of(_py(ctx), "-c", _TOOLS_PRESENT, *tools)
-    # braces: install renders as `cd / && ...`, and `a || cd / && b` would run b whatever a says (seen on a real H200)
-    return script(f"cd / && {check.render()} 2>/dev/null || {{ {install.render()}; }}")
+    # The install's argv stays arguments (never pasted into the text): an index URL's password is a Secret, kept
+    # off sudo's logged command line and out of every display.
+    return Cmd.of("bash", "-c", f"{check.render()} 2>/dev/null && exit 0; exec \"$@\"", "build-tools",
+                  *install.argv, env=dict(install.env), cwd="/", keep_owner=install.keep_owner)
 
 
 def _needed(ctx: PlanContext, key: str) -> Cmd:

@@ -425,7 +425,7 @@ def followed_log_of(name: str) -> tuple[str, list[tuple[int | None, str, int]]]:
 def _deps_script(tmp_path: Path) -> str:
     step, _ = replan("as-is", tmp_path)
     deps = next(c for c in step.commands if "pip._vendor.packaging" in c.render())
-    return deps.argv[2]
+    return deps.render()  # the whole command line: the install's argv travels as the script's arguments
 
 
 @pytest.mark.parametrize("import_rc, installs", [(0, False), (1, True)])

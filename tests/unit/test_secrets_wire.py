@@ -35,9 +35,6 @@ def test_a_secret_argument_reaches_sudo_on_stdin_not_on_its_command_line():
     assert wired.stdin.startswith(b"sudo-pw\n") and len(wired.stdin.splitlines()) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="roles/sgl_kernel.py _tools_cmd pastes install.render() (the index URL with "
-                                       "its password in clear) into a plain script: sudo logs it; pass the install's "
-                                       "argv as the script's positional arguments instead")
 def test_sgl_kernel_build_tools_step_keeps_the_index_password_off_sudos_command_line():
     from gpufleet.roles import sgl_kernel
 
