@@ -12,6 +12,7 @@ from rich.table import Table
 from gpufleet.wheels.fetch import WheelCache
 from gpufleet.cli import downloads
 from gpufleet.cli import render
+from gpufleet.cli import router_roll
 from gpufleet.cli.common import exit_code
 from gpufleet.cli.fleetdir import fleet_dir
 from gpufleet.cli.progress import RollProgress
@@ -53,8 +54,9 @@ def roll(target: Target) -> int:
                            download=target.download, command_timeout=target.inventory.settings.command_timeout,
                            selection=target.chosen_roles, snapshots_keep=target.inventory.settings.snapshots_keep,
                            wheels=WheelCache(progress=_download_progress(target)))
-    roller = Roll(target.inventory, steps.procedure, None if target.roll.no_rollback else steps.recover,
-                  max_fail=int(target.roll.max_fail), say=say, secrets=hidden)
+    steps.hooks = router_roll.hooks_for(target, summary, record, say)  # router drain/rejoin, speed gate
+    procedure, recover = steps.hooks.wrap(steps.procedure, None if target.roll.no_rollback else steps.recover)
+    roller = Roll(target.inventory, procedure, recover, max_fail=int(target.roll.max_fail), say=say, secrets=hidden)
     if target.json or not render.console.is_terminal:
         roller.run(chosen, summary, record, skip=skip)
     else:
@@ -63,6 +65,9 @@ def roll(target: Target) -> int:
         render.print_json(summary.to_json())
     else:
         render.console.print(outcome_table(summary))
+        if summary.out_of_router:
+            render.console.print(escape(f"out of the router (re-add them once healthy): "
+                                        f"{', '.join(summary.out_of_router)}"), style="bold red")
         render.console.print(escape(f"roll {summary.status}; record: {record.dir}"))
     return roll_exit_code(summary)
 
