@@ -36,3 +36,8 @@ def _via_session(target):
             opened[name] = session
         return opened[name]
     return open_session
+
+
+def status_client(target) -> router_api.RouterClient:
+    """The router client for `inv status` (through [router] via when set)."""
+    return router_api.client(target.inventory.router, _via_session(target))

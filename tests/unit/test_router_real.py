@@ -310,3 +310,8 @@ def test_worker_url_is_derived_from_address_and_server_port_unless_given():
     assert worker_url(Host(name="a", address="fd00::1"), stack) == "http://[fd00::1]:30000"
     assert worker_url(Host(name="a", address="10.0.0.1", worker_url="http://w.example:8000/"), stack) == \
         "http://w.example:8000"
+
+
+def test_the_bootstrap_installs_the_router_version_the_sim_pins():
+    text = (Path(__file__).resolve().parents[2] / "scripts/bootstrap").read_text()
+    assert f'"sglang-router=={sim_router.ROUTER_VERSION}"' in text
