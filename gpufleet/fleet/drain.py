@@ -145,7 +145,7 @@ class RollHooks:
     def _wait_idle(self, session, stack, log, started: float) -> tuple[int, int]:
         """Wait until the server has no request in flight: (requests at the first read, requests cut)."""
         address = health.Gate(session, stack).address
-        first, said = None, started
+        first, said, zeros = None, started, 0
         while True:
             try:
                 now_in_flight = inflight.in_flight(session, stack.server.port, address)
@@ -153,8 +153,14 @@ class RollHooks:
                 log(f"router: WARNING: cannot read the server's requests in flight ({exc}); not waiting")
                 return first or 0, 0
             first = now_in_flight if first is None else first
-            if now_in_flight == 0:
+            # idle twice in a row: a request the router picked this worker for just before the removal may still be
+            # on its way (connected, not yet counted by the server)
+            zeros = zeros + 1 if now_in_flight == 0 else 0
+            if zeros >= 2:
                 return first, 0
+            if now_in_flight == 0:
+                self.sleep(POLL)
+                continue
             waited = self.clock() - started
             if waited > self.drain_timeout:
                 if self.on_drain_timeout == "cut":
