@@ -179,6 +179,7 @@ class RollHooks:
             return
         url = result.router["worker_url"]
         started = self.clock()
+        result.router["readded_at"] = _now()  # from here the router may send it requests
         existing = self.client.find(url)
         worker_id = existing.id if existing else self.client.add(url)
         self.client.wait_healthy(url, self.rejoin_timeout, worker_id)
