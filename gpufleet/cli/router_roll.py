@@ -19,9 +19,11 @@ def hooks_for(target, summary, record, say) -> RollHooks:
         workers = client.workers()
         say(f"router {cfg.admin_url} ({router_api.API_VERSION} API{', via ' + cfg.via if cfg.via else ''}): "
             f"{len(workers)} worker(s), {sum(w.healthy for w in workers)} healthy")
+    previous_out = list(target.resumed.summary.out_of_router) if target.resumed else []
+    summary.out_of_router = list(previous_out)  # still out until this roll puts them back
     return RollHooks(stacks=target.stacks, router_cfg=cfg, client=client, summary=summary, record=record,
                      speed_gate=not target.roll.no_speed_gate, drain_timeout=target.roll.drain_timeout,
-                     on_drain_timeout=target.roll.on_drain_timeout, say=say)
+                     on_drain_timeout=target.roll.on_drain_timeout, say=say, previous_out=previous_out)
 
 
 def _via_session(target):

@@ -42,13 +42,15 @@ class RollHooks:
 
     def __init__(self, *, stacks: dict, router_cfg=None, client: RouterClient | None = None, summary=None,
                  record=None, speed_gate: bool = True, drain_timeout: float | None = None,
-                 on_drain_timeout: str | None = None, say: Callable[[str], None] = print):
+                 on_drain_timeout: str | None = None, say: Callable[[str], None] = print,
+                 previous_out: list[str] = ()):
         self.stacks, self.cfg, self.client, self.summary, self.record = stacks, router_cfg, client, summary, record
         self.speed_gate = speed_gate
         self.drain_timeout = drain_timeout or (router_cfg.drain_timeout if router_cfg else 300.0)
         self.on_drain_timeout = on_drain_timeout or (router_cfg.on_drain_timeout if router_cfg else "cut")
         self.rejoin_timeout = router_cfg.rejoin_timeout if router_cfg else 300.0
         self.say = say
+        self.previous_out = set(previous_out)  # hosts a resumed roll left out of the router
         self._lock = threading.Lock()  # hosts of one batch drain in parallel: the last-worker check is atomic
         self._draining: set[str] = set()  # worker URLs this roll has taken out and not yet put back
         self.clock, self.sleep = time.monotonic, time.sleep
@@ -111,6 +113,12 @@ class RollHooks:
         with self._lock:
             workers = self.client.workers()
             mine = next((w for w in workers if w.url == url), None)
+            if mine is None and session.name in self.previous_out:
+                # the roll this one resumes took it out and left it out: put it back once it proves healthy
+                result.router = {"worker_url": url, "taken_out": True, "state": "out", "drain_seconds": 0.0}
+                log(f"router: {url} was left out by the roll this one resumes: it is re-added once healthy")
+                result.steps.append("router: out since the resumed roll (no drain needed)")
+                return
             if mine is None:
                 result.router = {"worker_url": url, "state": "absent", "taken_out": False}
                 log(f"router: {url} is not one of its workers: nothing to drain (it will not be added)")

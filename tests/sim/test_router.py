@@ -138,10 +138,13 @@ def test_a_stack_30_percent_slower_fails_the_canary_which_is_rolled_back_and_re_
     fleet, path, client, router = bed
     # the new stack (its torch) decodes at 700 tokens/s where the old one does 1000
     fleet.set_backends("gpu1", {"default": {}, "rules": [{"when": {"torch": TARGET_TORCH}, "tokens_per_second": 700}]})
+    # this time the router's admin API is reached through an SSH tunnel over gpu3 (the router as gpu3 sees it)
+    tunnelled = path.with_name("via.toml")
+    tunnelled.write_text(path.read_text().replace("drain_timeout = 60\n", 'drain_timeout = 60\nvia = "gpu3"\n'))
     with Load(router.url) as load:
         while load.ok < 10:
             time.sleep(0.2)
-        proc, summary = inv_json("upgrade", "--hosts", "all", "--inventory", str(path), timeout=1800)
+        proc, summary = inv_json("upgrade", "--hosts", "all", "--inventory", str(tunnelled), timeout=1800)
     assert proc.returncode == 1, proc.stderr[-4000:]
     assert load.failed == [], load.failed[:5]
     assert summary["status"] == "stopped"

@@ -315,3 +315,15 @@ def test_worker_url_is_derived_from_address_and_server_port_unless_given():
 def test_the_bootstrap_installs_the_router_version_the_sim_pins():
     text = (Path(__file__).resolve().parents[2] / "scripts/bootstrap").read_text()
     assert f'"sglang-router=={sim_router.ROUTER_VERSION}"' in text
+
+
+def test_a_host_a_resumed_roll_left_out_is_put_back_once_healthy(bed):
+    w1, w2 = bed.workers
+    bed.client.wait_healthy(w2.url, 30, bed.client.add(w2.url))
+    summary = SimpleNamespace(out_of_router=["gpu1"], lock=None)
+    hooks = _hooks(bed, {"gpu1": stack_for(w1.port)}, summary=summary, previous_out=["gpu1"])
+    hooks.rejoin_timeout = 30
+    procedure, _ = hooks.wrap(lambda session, result, log: hooks.before_stop(session, result, log), None)
+    result = HostResult("gpu1")
+    procedure(LoopbackSession("gpu1", w1.port), result, lambda line: None)
+    assert result.router["state"] == "in" and summary.out_of_router == [] and bed.client.find(w1.url).healthy
