@@ -141,6 +141,7 @@ def test_a_stack_30_percent_slower_fails_the_canary_which_is_rolled_back_and_re_
     # this time the router's admin API is reached through an SSH tunnel over gpu3 (the router as gpu3 sees it)
     tunnelled = path.with_name("via.toml")
     tunnelled.write_text(path.read_text().replace("drain_timeout = 60\n", 'drain_timeout = 60\nvia = "gpu3"\n'))
+    assert 'via = "gpu3"' in tunnelled.read_text()
     with Load(router.url) as load:
         while load.ok < 10:
             time.sleep(0.2)
