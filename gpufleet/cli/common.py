@@ -159,6 +159,7 @@ def status(target: Target) -> int:
     for h, out in zip(target.hosts, outcomes):
         rows.append(compare(h, stacks[h.name], out.value[0]) if out.ok else unreachable(h.name, out.error, out.kind))
         locks[h.name] = held_lock(out.value[1]) if out.ok else None
+    _router_columns(target, rows)
     if target.json:
         from gpufleet.cli.jsonout import print_json
 
@@ -177,3 +178,22 @@ def status(target: Target) -> int:
                                      + ("" if held["state"] == "live" else f"; `{prog()} unlock --host "
                                         f"{escape(name)}` shows and removes it"))
     return exit_code(out.kind if not out.ok else ("ok" if row.ok else "drift") for row, out in zip(rows, outcomes))
+
+
+def _router_columns(target: Target, rows) -> None:
+    """With a [router]: each host's state in it (in, drained, absent, unhealthy) and the decode speed the last roll's
+    speed gate measured on it."""
+    from gpufleet.cli.router_roll import status_client
+    from gpufleet.fleet import router_status
+    from gpufleet.fleet.roll import runs_dir
+    from gpufleet.cli.fleetdir import fleet_dir
+
+    if target.inventory.router is None:
+        return
+    runs = runs_dir(fleet_dir() / "runs")
+    extra = {"router": router_status.router_cells(status_client(target), target.hosts, target.stacks, runs),
+             "speed": router_status.speed_cells(target.hosts, runs)}
+    for row in rows:
+        for key, cells in extra.items():
+            if row.reachable and row.host in cells:
+                row.cells[key] = cells[row.host]

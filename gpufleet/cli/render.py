@@ -20,6 +20,8 @@ def status_table(rows: list[HostStatus]) -> Table:
     table = Table(title="gpufleet status", show_lines=False)
     table.add_column("host", style="bold")
     columns = headings()
+    for key in dict.fromkeys(k for r in rows for k in r.cells if k not in columns):  # router, speed: when there
+        columns[key] = key
     for heading in columns.values():
         table.add_column(heading)
     for row in rows:

@@ -16,6 +16,7 @@ from gpufleet.cli import render
 from gpufleet.cli.common import EXIT_INTERRUPTED, exit_code
 from gpufleet.cli.fleetdir import fleet_dir, prog
 from gpufleet.cli.interrupts import Interrupts, raw
+from gpufleet.cli import router_roll
 from gpufleet.cli.progress import RollProgress
 from gpufleet.cli.target import Target
 from gpufleet.engine.command import mask
@@ -74,8 +75,10 @@ def roll(target: Target) -> int:
                                selection=target.chosen_roles, snapshots_keep=settings.snapshots_keep,
                                wheels=WheelCache(progress=_download_progress(target)),
                                reconnect_for=settings.reconnect_for, interrupted=previous)
-        roller = Roll(target.inventory, steps.procedure, None if target.roll.no_rollback else steps.recover,
-                      max_fail=int(target.roll.max_fail), say=said, secrets=hidden, run_info=run, doing=doing)
+        steps.hooks = router_roll.hooks_for(target, summary, record, said)  # router drain/rejoin, speed gate
+        procedure, recover = steps.hooks.wrap(steps.procedure, None if target.roll.no_rollback else steps.recover)
+        roller = Roll(target.inventory, procedure, recover, max_fail=int(target.roll.max_fail), say=said,
+                      secrets=hidden, run_info=run, doing=doing)
         tell = (lambda line: emit(mask(line, hidden), sys.stderr)) if target.json else say
         interrupts = Interrupts(tell, lambda: sorted(roller.doing) or in_flight(summary),
                                 lambda: _abandon(target, summary, record, roller, run),
@@ -98,6 +101,9 @@ def roll(target: Target) -> int:
         render.print_json(summary.to_json())
     else:
         render.console.print(outcome_table(summary))
+        if summary.out_of_router:
+            render.console.print(escape(f"out of the router (re-add them once healthy): "
+                                        f"{', '.join(summary.out_of_router)}"), style="bold red")
         render.console.print(escape(f"roll {summary.status}; record: {record.dir}"
                                     + ("; run again with --resume to continue" if summary.status != "completed"
                                        else "")))

@@ -34,6 +34,9 @@ class RollOptions:
     max_fail: int | str = 0  # as given ("2", "10%"); resolve() makes it the count of hosts
     resume: bool = False
     no_rollback: bool = False
+    drain_timeout: float | None = None  # --drain-timeout: seconds (default: the inventory's [router] drain_timeout)
+    on_drain_timeout: str | None = None  # --on-drain-timeout cut|wait (default: [router] on_drain_timeout)
+    no_speed_gate: bool = False  # --no-speed-gate: skip the throughput gate for this roll
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,30 @@ def parse_parallel(value) -> int | None:
     return number
 
 
+def drain_seconds(value) -> float | None:
+    """`--drain-timeout SECONDS`: how long a drained server's requests may take (a positive number); None: not given."""
+    if value is None or value == "":
+        return None
+    try:
+        seconds = float(str(value).strip())
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds <= 86400 or seconds != seconds:
+        raise ConfigError("--drain-timeout", "must be a number of seconds above 0 (at most 86400)", value=value,
+                          has_value=True)
+    return seconds
+
+
+def drain_choice(value) -> str | None:
+    """`--on-drain-timeout cut|wait`: what a drain does when its timeout passes with requests still in flight."""
+    if value is None or value == "":
+        return None
+    if value not in ("cut", "wait"):
+        raise ConfigError("--on-drain-timeout", "must be cut (stop the server anyway, with a warning) or wait (keep "
+                          "waiting for the requests to finish)", value=value, has_value=True)
+    return value
+
+
 def role_selection(only: str | None, skip: str | None, force: bool) -> Selection | None:
     """--only / --skip over the upgrade roles (names as the registry gives them); --force without either is an
     error, since it has nothing to force."""
@@ -144,7 +171,9 @@ def resolve(task: str, *, inventory: str | None = None, stack: str | None = None
     else:
         chosen = selection(inv, host, hosts, default="all" if all_by_default else None)
     if roll is not None:
-        roll = replace(roll, max_fail=max_failures(roll.max_fail, len(chosen)))
+        roll = replace(roll, max_fail=max_failures(roll.max_fail, len(chosen)),
+                       drain_timeout=drain_seconds(roll.drain_timeout),
+                       on_drain_timeout=drain_choice(roll.on_drain_timeout))
     rolls = bool(roll) and not dry_run and (roll.resume or bool(roll.canary) or len(chosen) > 1)
     if resumed:
         batches = resumed.summary.batches

@@ -13,6 +13,11 @@ _ROLL = {
     "resume": "continue the last stopped roll after its last completed host",
     "no-rollback": "leave a host that fails its health gate as it is instead of restoring its snapshot",
     "hf-token-file": "file holding the Hugging Face token (default: $HF_TOKEN); kept in a 0600 env file, never shown",
+    "drain-timeout": "with a [router]: seconds a drained server's requests in flight may take (default: the "
+                     "inventory's router.drain_timeout, 300)",
+    "on-drain-timeout": "with a [router]: cut (stop the server anyway, with a warning) or wait (keep waiting) when "
+                        "requests are still in flight at the drain timeout (default: router.on_drain_timeout, cut)",
+    "no-speed-gate": "skip the throughput gate (decode speed before the stop vs after the health gate)",
 }
 
 _COMMON = {
@@ -39,8 +44,10 @@ def fleet_task(**kwargs):
     return task(auto_shortflags=False, **kwargs)
 
 
-def _roll(canary, batch, max_fail, resume, no_rollback) -> RollOptions:
-    return RollOptions(canary=canary, batch=batch, max_fail=max_fail, resume=resume, no_rollback=no_rollback)
+def _roll(canary, batch, max_fail, resume, no_rollback, drain_timeout=None, on_drain_timeout=None,
+          no_speed_gate=False) -> RollOptions:
+    return RollOptions(canary=canary, batch=batch, max_fail=max_fail, resume=resume, no_rollback=no_rollback,
+                       drain_timeout=drain_timeout, on_drain_timeout=on_drain_timeout, no_speed_gate=no_speed_gate)
 
 
 def _exit(code: int) -> None:
@@ -96,7 +103,8 @@ def patches(c, host=None, hosts=None, inventory=None, stack=None, json=False, ac
 @cli.user_errors
 def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False,
             dry_run=False, canary=None, batch="1", max_fail="0", resume=False, no_rollback=False, hf_token_file=None,
-            lock=None, parallel=None, only=None, skip=None, force=False):
+            lock=None, parallel=None, only=None, skip=None, force=False, drain_timeout=None, on_drain_timeout=None,
+            no_speed_gate=False):
     """Bring hosts to stack.toml: torch, flashinfer, sglang checkout + patches, sgl-kernel, whole-stack check.
 
     One host: the upgrade alone. Several hosts: a roll, canary first then batches; each host is stopped, upgraded,
@@ -108,7 +116,8 @@ def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, ac
 
     target = resolve("upgrade", inventory=inventory, stack=stack, host=host, hosts=hosts, json=json,
                      accept_new_host_keys=accept_new_host_keys, dry_run=dry_run, lock=lock,
-                     hf_token_file=hf_token_file, roll=_roll(canary, batch, max_fail, resume, no_rollback),
+                     hf_token_file=hf_token_file, roll=_roll(canary, batch, max_fail, resume, no_rollback,
+                                                             drain_timeout, on_drain_timeout, no_speed_gate),
                      parallel=parallel, chosen_roles=role_selection(only, skip, force))
     _exit(roll_cmd.roll(target) if target.rolls else upgrade_cmd.upgrade(target))
 
@@ -119,7 +128,7 @@ def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, ac
 @cli.user_errors
 def deploy_model(c, host=None, hosts=None, inventory=None, stack=None, json=False, accept_new_host_keys=False,
                  dry_run=False, download=False, hf_token_file=None, canary=None, batch="1", max_fail="0", resume=False,
-                 no_rollback=False, parallel=None):
+                 no_rollback=False, parallel=None, drain_timeout=None, on_drain_timeout=None, no_speed_gate=False):
     """Install or update the SGLang unit (restart only on change), then prove /health and a smoke generation.
 
     Several hosts roll: canary first, then batches, each proven healthy (or rolled back) before the next."""
@@ -129,7 +138,8 @@ def deploy_model(c, host=None, hosts=None, inventory=None, stack=None, json=Fals
     target = resolve("deploy-model", inventory=inventory, stack=stack, host=host, hosts=hosts, json=json,
                      accept_new_host_keys=accept_new_host_keys, dry_run=dry_run, token=True,
                      hf_token_file=hf_token_file, download=download,
-                     roll=_roll(canary, batch, max_fail, resume, no_rollback), parallel=parallel)
+                     roll=_roll(canary, batch, max_fail, resume, no_rollback, drain_timeout, on_drain_timeout,
+                                no_speed_gate), parallel=parallel)
     _exit(roll_cmd.roll(target) if target.rolls else deploy_cmd.deploy_model(target))
 
 

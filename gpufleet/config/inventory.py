@@ -9,7 +9,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
@@ -22,7 +23,7 @@ _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _JUMP_RE = re.compile(r"^(?P<user>[^@\s]+)@(?P<host>\[[0-9A-Fa-f:.]+\]|[^@\s:\[\]]+)(?::(?P<port>\d{1,5}))?$")
 _JUMP_FORM = "user@host[:port]"
-_TOP_KEYS = ("settings", "defaults", "groups", "hosts")
+_TOP_KEYS = ("settings", "defaults", "groups", "hosts", "router")
 
 
 class Settings(BaseModel):
@@ -79,6 +80,8 @@ class Host(BaseModel):
     become_user: str = "root"
     become_password_file: LocalPath | None = None  # the sudo password, first line of a file
     become_password_env: str | None = None  # or an environment variable of the control node
+    # The URL the router ([router]) knows this host's server by; unset: http://<address>:<stack server port>.
+    worker_url: str | None = None
     _become_password: str | None = PrivateAttr(default=None)  # read at load time; never dumped or shown
 
     @property
@@ -99,6 +102,11 @@ class Host(BaseModel):
         if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
             raise ValueError("must be an environment variable's name")
         return v
+
+    @field_validator("worker_url")
+    @classmethod
+    def _worker_url(cls, v: str | None) -> str | None:
+        return v if v is None else check_http_url(v, with_path=False)
 
     @field_validator("address")
     @classmethod
@@ -122,6 +130,54 @@ class Host(BaseModel):
         return v.removesuffix(".service")
 
 
+def check_http_url(value: str, *, with_path: bool = True) -> str:
+    """An http(s) URL with a host (and, unless with_path, nothing after host:port); the URL without a trailing /."""
+    parsed = urlsplit(value)
+    try:
+        parsed.port  # noqa: B018 (a port out of range raises here)
+    except ValueError:
+        raise ValueError("has a bad port") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host, like http://10.0.0.5:30000")
+    if parsed.username or parsed.password:
+        raise ValueError("must not carry credentials (use api_key_file or api_key_env)")
+    if parsed.query or parsed.fragment or (not with_path and parsed.path not in ("", "/")):
+        raise ValueError("must be scheme://host:port only")
+    return value.rstrip("/")
+
+
+class Router(BaseModel):
+    """The SGLang router (sglang-router / SGLang Model Gateway) the fleet serves behind ([router]): where its
+    admin API is, how to reach it, its API key (read at load time, never shown) and how rolls drain through it."""
+
+    model_config = _STRICT
+    admin_url: str  # e.g. http://10.20.0.5:30000, as seen from the control node, or from `via`
+    via: str | None = None  # an inventory host: the admin URL is reached through an SSH tunnel over its connection
+    api_key_file: LocalPath | None = None  # the router's API key (--api-key): first line of a file
+    api_key_env: str | None = None  # or an environment variable of the control node
+    drain_timeout: float = Field(300.0, gt=0, le=86400)  # seconds for a drained server's requests to finish
+    on_drain_timeout: Literal["cut", "wait"] = "cut"  # cut: stop anyway with a warning; wait: keep waiting
+    rejoin_timeout: float = Field(300.0, gt=0, le=86400)  # seconds for the router to report a re-added worker healthy
+    _api_key: str | None = PrivateAttr(default=None)
+
+    @property
+    def api_key(self) -> str | None:
+        """The router's API key (from api_key_file or api_key_env), None when it needs none."""
+        return self._api_key
+
+    @field_validator("admin_url")
+    @classmethod
+    def _admin_url(cls, v: str) -> str:
+        return check_http_url(v, with_path=False)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _key_env(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError("must be an environment variable's name")
+        return v
+
+
 # TOML keys of a host table: the model's fields, with 'stack' standing in for stack_overrides.
 HOST_KEYS = [k for k in Host.model_fields if k not in ("name", "stack_overrides")] + ["stack"]
 
@@ -134,6 +190,7 @@ class Inventory:
     settings: Settings
     hosts: dict[str, Host] = field(default_factory=dict)
     groups: dict[str, list[str]] = field(default_factory=dict)
+    router: Router | None = None  # [router]: rolls drain each host's worker through it
 
     def jump_host(self, spec: str) -> Host:
         """The host a `jump` value names: an inventory host, or a bare Host built from user@host[:port]."""
@@ -182,7 +239,47 @@ def load_inventory(path: str | Path) -> Inventory:
     groups = _resolve_groups(p, hosts, declared)
     hosts = {n: _with_groups(h, [g for g in groups if n in groups[g]]) for n, h in hosts.items()}
     _check_jumps(p, hosts)
-    return Inventory(path=p, settings=settings, hosts=hosts, groups=groups)
+    router = _router(p, raw, hosts, ctx) if "router" in raw else None
+    return Inventory(path=p, settings=settings, hosts=hosts, groups=groups, router=router)
+
+
+def _router(path: Path, raw: dict, hosts: dict[str, Host], ctx: dict) -> Router:
+    """[router], validated; its API key read now (a mistake is a ConfigError before any connection)."""
+    data = _table(path, raw, "router", None)
+    try:
+        router = Router.model_validate(data, context=ctx)
+    except ValidationError as exc:
+        raise validation_error(exc, path, Router, prefix=("router",)) from None
+    if router.via is not None and router.via not in hosts:
+        raise ConfigError(str(path), f"must name an inventory host; inventory hosts: {', '.join(hosts)}",
+                          field="router.via", value=router.via, has_value=True)
+    router._api_key = _secret(path, router.api_key_file, router.api_key_env, "router.api_key", "router's API key",
+                              None)
+    return router
+
+
+def _secret(path: Path, file: Path | None, env: str | None, fld: str, what: str, host: str | None) -> str | None:
+    """A secret from the first line of a file or from an environment variable (not both); None when neither."""
+    if file is not None and env is not None:
+        raise ConfigError(str(path), f"set {fld}_file or {fld}_env, not both", host=host, field=f"{fld}_env",
+                          value=env, has_value=True)
+    if file is not None:
+        try:
+            lines = Path(file).read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(str(path), f"cannot read the {what} file: {exc.strerror or exc}", host=host,
+                              field=f"{fld}_file", value=str(file), has_value=True) from None
+        if not lines or not lines[0].strip():
+            raise ConfigError(str(path), f"the {what} file is empty", host=host, field=f"{fld}_file",
+                              value=str(file), has_value=True)
+        return lines[0].strip()
+    if env is not None:
+        value = os.environ.get(env, "").strip()
+        if not value:
+            raise ConfigError(str(path), f"the environment variable holding the {what} is unset or empty",
+                              host=host, field=f"{fld}_env", value=env, has_value=True)
+        return value
+    return None
 
 
 def _with_groups(host: Host, groups: list[str]) -> Host:

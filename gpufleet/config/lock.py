@@ -53,6 +53,16 @@ class LockWheel(_Strict):
     sha256: Sha256
 
 
+class LockSpeed(_Strict):
+    """The canary's decode speed on the old stack and on this one (the roll's speed gate), tokens per second."""
+
+    host: str
+    before_tokens_per_second: float
+    after_tokens_per_second: float
+    concurrency: int
+    max_tokens: int
+
+
 class FleetLock(_Strict):
     """What a lock file holds; `path` is where it was read from or written to."""
 
@@ -61,6 +71,7 @@ class FleetLock(_Strict):
     sgl_kernel: LockKernel
     packages: dict[str, str]  # every distribution in the canary's venv -> version
     wheels: list[LockWheel] = []  # files the control node handed the canary
+    speed: LockSpeed | None = None  # the speed gate's two figures on the canary, when it measured them
     path: str = Field("", exclude=True)
 
     def constraints(self) -> list[str]:
@@ -96,6 +107,8 @@ def render(found: FleetLock, note: str = "") -> str:
     data = found.model_dump(exclude={"path"})
     for key in ("lock", "sglang", "sgl_kernel"):
         doc[key] = {k: v for k, v in data[key].items() if v is not None}
+    if data.get("speed"):
+        doc["speed"] = data["speed"]
     doc["packages"] = dict(sorted(data["packages"].items()))
     if data["wheels"]:  # an empty array of tables is written as `wheels = []` above the header
         wheels = tomlkit.aot()

@@ -349,6 +349,18 @@ class ProbeStack(Section):
     _d = field_validator("attention_backends", "moe_runner_backends", "fp4_gemm_backends", "speculative")(_distinct)
 
 
+class SpeedGateStack(Section):
+    """A roll's throughput gate: decode speed before a host's server is stopped and after its health gate, measured
+    the way the backend probe times a candidate ([probe] throughput_prompt and throughput_max_tokens, ignore_eos),
+    with `concurrency` generations at once, the best of `rounds`; the host fails when the new speed is lower by more
+    than max_slowdown_percent."""
+
+    enabled: bool = True  # `--no-speed-gate` turns it off for one roll
+    max_slowdown_percent: float = Field(10.0, ge=0, lt=100)
+    concurrency: int = Field(1, ge=1, le=256)
+    rounds: int = Field(3, ge=1, le=20)  # a busy moment only slows a round down: the fastest is the stack's speed
+
+
 class PipStack(Section):
     """Extra indexes and hosts pip must trust (plain-http indexes need the latter)."""
 
@@ -368,6 +380,7 @@ class Stack(Section):
     server: ServerStack = ServerStack()
     pip: PipStack = PipStack()
     probe: ProbeStack = ProbeStack()
+    speed_gate: SpeedGateStack = SpeedGateStack()
 
     @model_validator(mode="before")
     @classmethod

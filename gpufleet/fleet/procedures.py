@@ -94,11 +94,14 @@ class RollProcedures:
                                 selection=selection)
         self.upgrader.lock = self.planner.lock = given
         self.handed: dict[str, list[dict]] = {}  # host -> wheels the control node handed it (recorded in the lock)
+        self.hooks = None  # fleet.drain.RollHooks: router drain and speed gate, called before the stop and after health
 
     def procedure(self, session, result, log) -> None:
         st = self.stacks[session.name]
         changed = False
         self._recheck(session, result, log)
+        if self.hooks is not None:
+            self.hooks.before_stop(session, result, log)
         if self.kind == "upgrade":
             changed |= self._upgrade(session, st, result, log)
         prefix = f"[{session.name}] "
@@ -110,6 +113,8 @@ class RollProcedures:
         changed |= restarted
         result.steps.append("deploy: " + ("unit/server updated" if restarted else "nothing to change"))
         result.steps.append(f"health: ok after {done.health['health_seconds']} s, smoke answer ok")
+        if self.hooks is not None:
+            self.hooks.after_health(session, result, log)
         if self.kind == "upgrade":
             self._hold_to_lock(session, st, result, log, self.handed.get(session.name, []))
         result.outcome = "ok" if changed else "unchanged"

@@ -40,6 +40,8 @@ class HostResult:
     server_was_active: bool = False  # before the roll stopped it: a rollback must bring it back
     started: str | None = None
     seconds: float = 0.0
+    router: dict | None = None  # drain and rejoin through the router (fleet/drain.py): times, state, drain seconds
+    speed: dict | None = None  # the speed gate's figures: before, after, slowdown_percent, passed
 
 
 @dataclass
@@ -59,6 +61,7 @@ class RollSummary:
     pid: int = 0  # of the process running it: a "running" roll whose process is gone was killed
     lock: str | None = None  # the fleet lock later hosts converge to (given, or recorded from the canary)
     note: str | None = None  # why it stopped when no host says (Ctrl-C, killed, an unexpected error)
+    out_of_router: list[str] = field(default_factory=list)  # hosts this roll took out of the router and left out
 
     def to_json(self) -> dict:
         data = asdict(self)

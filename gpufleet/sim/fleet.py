@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gpufleet.errors import GpufleetError
 from gpufleet.sim import nvidia_smi, system
+from gpufleet.sim.router import ROUTER_VERSION, SimRouter
 from gpufleet.sim.system import sh
 # One fleet per (prefix, subnet), its addresses and shared paths: in layout.py, which the inventory renderer reads too.
 from gpufleet.sim.layout import (BRIDGE, CHECKOUT, CONTROL_ADDR, GIT_PORT, GITHUB_ADDR, GITHUB_PORT, HOME_DIR,
@@ -142,6 +143,8 @@ class SimFleet:
         self._build_artifacts()
         self._bridge_up()
         self._start_servers(state)
+        if SimRouter(self.run_dir).start():  # the real sglang-router, when scripts/bootstrap installed it
+            on_progress(f"router (sglang-router {ROUTER_VERSION}) at {SimRouter(self.run_dir).url}")
         on_progress("building the host template (venv with the old stack, sglang checkout)")
         self._build_template()
         for i in range(1, count + 1):
@@ -168,6 +171,7 @@ class SimFleet:
 
     def clear_leftovers(self) -> None:
         """Remove what a killed or earlier run left behind; safe to call when nothing is there."""
+        SimRouter(self.run_dir).stop()
         state = self.state()
         for host in state.hosts:
             system.stop_pid(host.pid, NSPAWN_MARKER)

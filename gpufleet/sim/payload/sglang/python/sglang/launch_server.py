@@ -73,7 +73,8 @@ class Behaviour:
                    {"when": {"fp4_gemm_backend": "flashinfer_cudnn", "speculative_algorithm": "none"},
                     "fail_start": "CUDNN_STATUS_NOT_SUPPORTED: no engine for this FP4 GEMM on sm_120"}]}
 
-    A rule applies when every key of "when" equals the launch's value (speculative_algorithm "none" when off);
+    A rule applies when every key of "when" equals the launch's value (speculative_algorithm "none" when off; the
+    stack's versions as load_stack reads them: sglang, torch, cuda, flashinfer, sgl_kernel);
     later rules override earlier ones. tokens_per_second: completion tokens are really emitted at that rate (the
     reply waits for them); load_seconds: time to /health 200; wrong_answers: garbage text; fail_start: the message
     the launch dies with."""
@@ -87,12 +88,14 @@ class Behaviour:
         self.fail_start = values.get("fail_start") or None
 
     @classmethod
-    def of(cls, args: argparse.Namespace, path: str = BACKENDS_FILE) -> "Behaviour":
+    def of(cls, args: argparse.Namespace, path: str = BACKENDS_FILE, versions: dict | None = None) -> "Behaviour":
         try:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:
             return cls()
-        chosen = backend_values(args)
+        # a rule may also name the stack it runs on ({"when": {"torch": "2.12.0.dev20260307+cu130"}}): a new stack
+        # that decodes slower than the old is one whose versions a rule makes slower
+        chosen = {**(versions or {}), **backend_values(args)}
         merged = dict(data.get("default") or {})
         for rule in data.get("rules") or []:
             if all(str(chosen.get(k)) == str(v) for k, v in (rule.get("when") or {}).items()):
@@ -203,6 +206,7 @@ class State:
         load = BEHAVIOUR.load_seconds if BEHAVIOUR.load_seconds is not None else os.environ.get("SGLANG_SIM_WARMUP", "2")
         self.ready_at = time.monotonic() + float(load)
         self.created = int(time.time())
+        self.in_flight = InFlight()  # requests being generated now (/get_load, /metrics)
 
     def ready(self) -> bool:
         return time.monotonic() >= self.ready_at
@@ -290,6 +294,60 @@ GETS = {
 POSTS = {"/generate": generate_reply, "/v1/chat/completions": chat_reply, "/v1/completions": completion_reply}
 
 
+class InFlight:
+    """Requests being generated now, counted as real SGLang reports them (running + waiting), and a log of every
+    request served (when it began and ended, from which address), for tests that ask who reached a drained host."""
+
+    def __init__(self):
+        self.count = 0
+        self.served = 0  # generations finished since the start
+        self.lock = threading.Lock()
+
+    def __enter__(self):
+        with self.lock:
+            self.count += 1
+        return self
+
+    def __exit__(self, *exc):
+        with self.lock:
+            self.count -= 1
+            self.served += 1
+
+
+REQUEST_LOG = os.environ.get("SGLANG_SIM_REQUEST_LOG", "/var/log/gpufleet-sim/requests.jsonl")
+_LOG_LOCK = threading.Lock()
+
+
+def log_request(path: str, client: str, began: float, ended: float, status: int) -> None:
+    line = json.dumps({"path": path, "client": client, "began": began, "ended": ended, "status": status})
+    try:
+        with _LOG_LOCK:
+            os.makedirs(os.path.dirname(REQUEST_LOG), exist_ok=True)
+            with open(REQUEST_LOG, "a") as f:
+                f.write(line + "\n")
+    except OSError:
+        pass  # a log the server cannot write never fails a request
+
+
+def load_reply(state: State) -> list:
+    """/get_load as sglang's http_server serves it: one entry per DP rank; num_reqs = running + waiting."""
+    return [{"dp_rank": 0, "num_reqs": state.in_flight.count, "num_waiting_reqs": 0, "num_tokens": 0}]
+
+
+GETS["/get_load"] = load_reply
+
+
+def metrics_text(state: State) -> str:
+    """/metrics (sglang --enable-metrics): the scheduler's gauges, Prometheus text format."""
+    labels = '{engine_type="unified",model_name="%s",tp_rank="0",pp_rank="0"}' % state.model_name
+    return ("# HELP sglang:num_running_reqs The number of running requests.\n"
+            "# TYPE sglang:num_running_reqs gauge\n"
+            f"sglang:num_running_reqs{labels} {float(state.in_flight.count)}\n"
+            "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n"
+            "# TYPE sglang:num_queue_reqs gauge\n"
+            f"sglang:num_queue_reqs{labels} 0.0\n")
+
+
 class Handler(BaseHTTPRequestHandler):
     server_version = "uvicorn"
     sys_version = ""
@@ -310,6 +368,13 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path in ("/health", "/health_generate"):
             self.send_json(health_status(self.state), None)
+        elif path == "/metrics":
+            body = metrics_text(self.state).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif path in GETS:
             self.send_json(200, GETS[path](self.state))
         else:
@@ -328,7 +393,11 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             self.send_json(400, {"error": {"message": "Invalid JSON body", "code": 400}})
             return
-        self.send_json(200, POSTS[path](self.state, body))
+        began = time.time()
+        with self.state.in_flight:
+            reply = POSTS[path](self.state, body)
+        log_request(path, self.client_address[0], began, time.time(), 200)
+        self.send_json(200, reply)
 
 
 def announce_ready(state: State) -> None:
@@ -356,7 +425,7 @@ def launch(argv: list[str]) -> None:
     check_model(args.model_path)
     versions = load_stack()
     major, _ = check_gpus(args.tp)
-    BEHAVIOUR = Behaviour.of(args, os.environ.get("SGLANG_SIM_BACKENDS", BACKENDS_FILE))
+    BEHAVIOUR = Behaviour.of(args, os.environ.get("SGLANG_SIM_BACKENDS", BACKENDS_FILE), versions)
     if BEHAVIOUR.fail_start:
         fail_start(args, str(BEHAVIOUR.fail_start))
     extra = {"torch_symm_mem": setup_symm_mem(args.tp, major)} if args.enable_torch_symm_mem else {}
