@@ -136,6 +136,7 @@ class SimFleet:
             raise SimError(f"--count must be between 1 and 40 (got {count})")
         self.require_tools()
         self.clear_leftovers()
+        _enough_inotify_instances(count)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
         state = SimState()
@@ -547,6 +548,20 @@ for u in {users}; do
     printf '# ~/.bashrc of a simulated GPU server\n' > "/home/$u/.bashrc"
 done
 """
+
+
+INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def _enough_inotify_instances(count: int) -> None:
+    """Each systemd container holds about ten inotify instances of root's (the kernel's default 128 stops the
+    eleventh host, or a second fleet on the same machine): raise the limit, never lower it."""
+    want = max(1024, 16 * count)
+    try:
+        if int(INOTIFY_INSTANCES.read_text()) < want:
+            INOTIFY_INSTANCES.write_text(f"{want}\n")
+    except (OSError, ValueError) as exc:
+        raise SimError(f"cannot raise {INOTIFY_INSTANCES} to {want} (systemd containers need it): {exc}") from None
 
 
 def _which(tool: str) -> bool:
