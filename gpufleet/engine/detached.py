@@ -149,3 +149,14 @@ def wait_cmd(job: Job, cmd: Cmd, poll: float = 5.0) -> Cmd:
     text = (remote.text("job_state.sh") + remote.text("job_start.sh") + remote.text("job_wait.sh")
             + 'job_start "${@:1:7}" || exit $?\njob_wait "$2" "$3" "$5" "$4" "$8"\n')
     return Cmd.of("bash", "-c", text, "job-wait", *_start_args(job, cmd, True), f"{poll:g}")
+
+
+def attach_cmd(job: Job, poll: float = 5.0) -> Cmd:
+    """Follow a job started earlier (by wait_cmd) to its end, never starting it again: one that is gone without an
+    exit code (its host restarted, or it was killed) exits 1 saying so, so a half-done change is never run twice."""
+    text = (remote.text("job_state.sh") + remote.text("job_wait.sh")
+            + 'st=$(job_state "$2" "$3" "$4")\n'
+            + 'if [ "$st" = absent ]; then\n'
+            + '    echo "gpufleet: $3 ended with no exit code: the host restarted or the job was killed"; exit 1\n'
+            + 'fi\njob_wait "$1" "$2" "$3" "$4" "$5"\n')
+    return Cmd.of("bash", "-c", text, "job-attach", job.log, job.rc_file, job.unit, job.pid_file, f"{poll:g}")

@@ -419,7 +419,7 @@ class _HostRun:
                     # turns an install that finished into a failure; a reconnect follows the same job to its end
                     job = self.step_job(step, i)
                     self.run_resumable(detached.wait_cmd(job, cmd, poll=1.0), step.title, timeout=timeout,
-                                       shown=brief(cmd))
+                                       shown=brief(cmd), again=detached.attach_cmd(job, poll=1.0))
                 else:
                     self.run(cmd, step.title, timeout=timeout, echo=self.up.say)
             for cmd in step.verify:
@@ -462,8 +462,10 @@ class _HostRun:
             raise RemoteCommandError(result, cmd, shown=shown or brief(cmd))
         return result
 
-    def run_resumable(self, cmd: Cmd, step: str, timeout: float | None, shown: str | None = None):
-        """Run a command that is safe to re-run; when the connection drops, reconnect and run it again."""
+    def run_resumable(self, cmd: Cmd, step: str, timeout: float | None, shown: str | None = None,
+                      again: Cmd | None = None):
+        """Run a command that is safe to re-run; when the connection drops, reconnect and run it again (or `again`:
+        what follows the same work without starting it twice)."""
         deadline = time.monotonic() + self.up.reconnect_for
         delay = 1.0
         while True:
@@ -473,6 +475,7 @@ class _HostRun:
                 if exc.exit_code is not None or time.monotonic() > deadline:
                     raise
                 self.say(f"connection lost during '{step}'; reattaching (the work goes on on the host)")
+            cmd = again or cmd
             while True:
                 time.sleep(delay)
                 delay = min(delay * 2, 15.0)

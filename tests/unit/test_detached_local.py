@@ -100,3 +100,23 @@ def test_a_job_that_ends_between_the_looks_is_finished_not_absent(tmp_path):
     proc = subprocess.run(["bash", "-c", script, "job-state", str(rc), "gpufleet-step-x", str(tmp_path / "pid")],
                           capture_output=True, text=True, env={"PATH": f"{fake}:/usr/bin:/bin"})
     assert proc.stdout.strip() == "finished 0"
+
+
+def test_attach_follows_a_finished_job_and_never_restarts_one_that_is_gone(tmp_path):
+    """After a reconnect the executor attaches: a job gone with no exit code (its host rebooted) is an error, not a
+    second run of a half-done install."""
+    import subprocess
+
+    from gpufleet.engine import detached
+
+    job = detached.Job("gpufleet-step-test", str(tmp_path / "job"))
+    (tmp_path / "job").mkdir()
+    gone = subprocess.run(["bash", "-c", detached.attach_cmd(job, poll=0.1).render()], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"})
+    assert gone.returncode == 1 and "ended with no exit code" in gone.stdout
+    assert not (tmp_path / "job" / "build.log").exists()  # nothing was started
+    (tmp_path / "job" / "build.log").write_text("Successfully installed torch\n")
+    (tmp_path / "job" / "exit-code").write_text("0\n")
+    done = subprocess.run(["bash", "-c", detached.attach_cmd(job, poll=0.1).render()], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0 and "Successfully installed torch" in done.stdout

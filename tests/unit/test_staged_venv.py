@@ -366,3 +366,15 @@ def test_swap_in_on_overlayfs_without_redirect_dir_says_so_and_changes_nothing(o
     (new / "bin").mkdir(parents=True)
     proc = stage("swap-in", overlay / "venv", new)
     assert proc.returncode == 7 and (overlay / "venv" / "bin" / "tool").exists() and new.is_dir()
+
+
+def test_after_a_lost_connection_the_install_is_followed_not_started_again():
+    seen: list[str] = []
+    ex, lines, _ = executor([venv_role(seen, install, install, on_target)])
+    session = session_for({"install torch": [(None, ""), (0, "Successfully installed torch\n")]})
+    session.reconnect = lambda: None
+    report = ex.host(session, Stack())
+    assert report.ok, report.error
+    first, second = [c for s, c in session.calls if s == "install torch"]
+    assert "job-wait" in first.argv and "job-attach" in second.argv  # never a second pip over a half-done one
+    assert any("connection lost during 'install torch'" in line for line in lines)
