@@ -474,7 +474,8 @@ class _HostRun:
             except RemoteCommandError as exc:
                 if exc.exit_code is not None or time.monotonic() > deadline:
                     raise
-                self.say(f"connection lost during '{step}'; reattaching (the work goes on on the host)")
+                self.say(f"connection lost during '{step}'; reattaching (the work goes on on the host; waiting up to "
+                         f"{self.up.reconnect_for:.0f} s for it to answer)")
             cmd = again or cmd
             while True:
                 time.sleep(delay)
