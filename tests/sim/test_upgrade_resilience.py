@@ -104,7 +104,7 @@ def test_link_cut_during_the_kernel_build_reattaches_and_builds_once(fresh_host,
     statuses = [(e["role"], e["status"]) for e in report["entries"]]
     assert statuses == [("torch", "changed"), ("flashinfer", "changed"), ("flashinfer", "done-already"),
                         ("sglang-checkout", "unchanged"), ("sglang-checkout", "unchanged"),
-                        ("sgl-kernel", "changed"), ("verify", "unchanged")], (statuses, down)
+                        ("sgl-kernel", "changed"), ("verify", "unchanged"), ("venv", "changed")], (statuses, down)
     build = next(e for e in report["entries"] if e["role"] == "sgl-kernel")
     assert build["title"].startswith("build sgl-kernel"), build
     assert f"[{HOST}] connection lost during '{build['title']}'; reattaching" in text
@@ -115,7 +115,7 @@ def test_link_cut_during_the_kernel_build_reattaches_and_builds_once(fresh_host,
     assert starts.stdout.strip() == "1", starts
     [key] = [k for k in fleet.run_on(HOST, "ls /var/lib/gpufleet/builds").stdout.split() if len(k) == 64]
     log = fleet.run_on(HOST, f"cat /var/lib/gpufleet/builds/{key}/build.log").stdout
-    assert log.count("Processing /root/sglang-main/sgl-kernel") == 1, log
+    assert log.count("Processing ") == 1, log  # one build, of the build's own export of the checkout
     record = json.loads(fleet.run_on(HOST, f"cat /var/lib/gpufleet/builds/{key}/record.json").stdout)
     assert record["origin"] == "built-here" and record["key"] == key and record["fp4"] is True
     assert LAUNCHER in " ".join(record["inputs"]["extra_cmake_args"])
