@@ -103,7 +103,8 @@ def test_canary_records_the_lock_and_later_hosts_get_exactly_it_while_the_index_
     # `inv upgrade --lock` converges it (also how a new box joins the fleet)
     proc4, [converge] = inv_json("upgrade", "--host", "gpu3", "--inventory", str(path), "--lock", str(recorded))
     assert proc4.returncode == 0, proc4.stderr[-3000:]
-    assert converge["changed"] == ["locked-packages: install 4 locked distribution(s)"], converge
+    assert converge["changed"] == ["locked-packages: install 4 locked distribution(s)",
+                                   "venv: switch /root/venv to the staged copy in one atomic swap"], converge
     assert versions(fleet, "gpu3")["nvidia-cudnn-frontend"] == "1.13.0"
     proc5, report5 = inv_json("status", "--hosts", "all", "--inventory", str(path), "--lock", str(recorded))
     assert proc5.returncode == 0 and all(r["matches"] for r in report5["hosts"]), report5
