@@ -30,7 +30,10 @@ def versions(fleet, host) -> dict[str, str]:
 
 
 @pytest.fixture
-def fleet(sim_fleet, tmp_path):
+def fleet(sim_fleet, tmp_path, monkeypatch):
+    # a control-node cache of its own: with an sgl-kernel wheel cached by an earlier module the canary would install
+    # it instead of building, and its lock would lack the build tools this test expects on it
+    monkeypatch.setenv("GPUFLEET_CACHE_DIR", str(tmp_path / "control-cache"))
     for h in HOSTS:
         sim_fleet.reset_host(h)
     yield sim_fleet
