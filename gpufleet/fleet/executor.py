@@ -8,7 +8,7 @@ import posixpath
 import threading
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -16,7 +16,7 @@ from gpufleet.kernel import buildcache
 from gpufleet.remote import text as remote_text
 from gpufleet.fleet import hoststate, staging
 from gpufleet.wheels import push
-from gpufleet.engine import detached
+from gpufleet.engine import detached, readahead
 from gpufleet.engine.command import Cmd
 from gpufleet.errors import GpufleetError, RemoteCommandError
 from gpufleet.facts.checkout import redact_url
@@ -127,6 +127,19 @@ class Executor:
         return _HostRun(self, session, stack).go()
 
 
+class _Reading:
+    """A session whose run() goes through a host's plan-time Reads (for read-only helpers written for sessions)."""
+
+    def __init__(self, session, reads: readahead.Reads):
+        self._session, self._reads = session, reads
+
+    def run(self, cmd: Cmd, step: str, *, check: bool = False, timeout: float | None = None, echo=None):
+        return self._reads.read(cmd, step)
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
 class _Viewed:
     """A session whose inventory host says another venv path: facts and plans read the staged venv through it."""
 
@@ -152,6 +165,7 @@ class _HostRun:
         self.jobs_used = False
         self.in_place = False  # the filesystem cannot swap directories: the venv is changed where it is
         self.stage_changed = False
+        self.facts = None  # a dry run's facts, as the roles planned from them
 
     @property
     def host(self):
@@ -201,28 +215,54 @@ class _HostRun:
 
     def plan_only(self) -> None:
         try:
-            self.report.lock_holder = hoststate.read_claim(self.session)
-            # Nothing changes in a dry run, so every role sees today's facts.
-            ctx = self.context(self.up.read_facts(self.session))
-            behind = self.survey(ctx)
-            refused = self.refusals(behind)
-            for role in self.up.roles:
-                if self.skip(role, behind):
-                    continue
-                if role.name in refused:
-                    self.report.entries.append(Entry(Unchanged(role.name, refused[role.name]), "refused"))
-                    continue
-                for item in role.plan(ctx):
-                    self.report.entries.append(Entry(item, "unchanged" if isinstance(item, Unchanged) else "planned"))
+            # Nothing changes in a dry run, so every role sees today's facts, and the reads they plan from are
+            # gathered and answered side by side: a few exec round trips per host instead of one per read.
+            reads = readahead.Reads(self.session, self.up.command_timeout)
+            asking = _Reading(self.session, reads)
+            first = reads.plan(lambda: (reads.tolerant(lambda: hoststate.read_claim(asking)),
+                                        reads.tolerant(lambda: self.up.read_facts(asking))))
+            self.report.lock_holder, self.facts = first
+            ctx = replace(self.context(self.facts), read=reads.read, resolver=lambda: self.resolver_now(reads))
+            self.reads_passed_over = lambda: setattr(reads, "passed_over", True)
+            planned = reads.plan(lambda: self.plan_roles(ctx, gathering=reads.gathering))
+            self.report.entries.extend(planned[0])
             if any(changes_venv(e.item) for e in self.report.entries):
                 self.report.entries.append(Entry(self.switch_step(staging.estimate(self.session,
                                                                                    self.session.host.venv)), "planned"))
-            if refused:
-                raise RoleRefused("; ".join(refused.values()))
+            if planned[1]:
+                raise RoleRefused("; ".join(planned[1].values()))
         except RoleRefused as exc:
             self.fail(exc, "run the role it needs too, or pass --force to run it against the host as it is")
         except GpufleetError as exc:
             self.fail(exc, "fix the cause, then run the dry run again")
+
+    def resolver_now(self, reads: readahead.Reads) -> Upload:
+        """The resolver in a dry run: its upload waits for the real pass (a gathering pass may be wrong about it)."""
+        if reads.gathering and self._resolver is None:
+            raise readahead.Pending
+        return self.resolver()
+
+    def plan_roles(self, ctx: PlanContext, gathering: bool = False) -> tuple[list[Entry], dict[str, str]]:
+        """Every role's plan against ctx (entries in role order) and the roles refused. While gathering reads a role
+        that fails is passed over, so the roles after it still say what they will read."""
+        behind = self.survey(ctx)
+        refused = self.refusals(behind, quiet=gathering)
+        entries: list[Entry] = []
+        for role in self.up.roles:
+            if self.skip(role, behind, entries):
+                continue
+            if role.name in refused:
+                entries.append(Entry(Unchanged(role.name, refused[role.name]), "refused"))
+                continue
+            try:
+                items = role.plan(ctx)
+            except (Exception, readahead.Pending):  # noqa: BLE001 - only while gathering: the real pass raises it
+                if gathering:
+                    self.reads_passed_over()
+                    continue
+                raise
+            entries += [Entry(item, "unchanged" if isinstance(item, Unchanged) else "planned") for item in items]
+        return entries, refused
 
     def switch_step(self, cost: staging.Estimate | None = None) -> Step:
         venv = self.session.host.venv
@@ -244,7 +284,7 @@ class _HostRun:
                 behind[role.name] = f"could not plan it: {exc}"
         return behind
 
-    def refusals(self, behind: dict[str, str]) -> dict[str, str]:
+    def refusals(self, behind: dict[str, str], quiet: bool = False) -> dict[str, str]:
         """Roles that run but need a left-out role that is behind: name -> why refused (none with --force)."""
         found, sel = {}, self.up.selection
         for role in self.up.roles if sel else ():
@@ -255,6 +295,8 @@ class _HostRun:
                 continue
             why = "; ".join(f"{d}: {behind[d]}" for d in missing)
             if sel.force:
+                if quiet:
+                    continue
                 self.say(f"{role.name}: runs although {', '.join(missing)} is left out and not on target (--force)")
                 continue
             found[role.name] = (f"{role.name} needs {', '.join(missing)}, which --only/--skip leaves out and which "
@@ -262,14 +304,14 @@ class _HostRun:
                                 f"{'it' if len(missing) == 1 else 'them'} too, or pass --force")
         return found
 
-    def skip(self, role, behind: dict[str, str]) -> bool:
+    def skip(self, role, behind: dict[str, str], entries: list[Entry] | None = None) -> bool:
         """True for a role --only/--skip leaves out; recorded as skipped, saying whether it is on target here."""
         sel = self.up.selection
         if sel is None or sel.runs(role.name):
             return False
         note = f"skipped ({sel.left_out[role.name]})"
         note += f"; not on target: {behind[role.name]}" if role.name in behind else "; on target"
-        self.report.entries.append(Entry(Unchanged(role.name, note), "skipped"))
+        (self.report.entries if entries is None else entries).append(Entry(Unchanged(role.name, note), "skipped"))
         return True
 
     def apply(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import paramiko
 
 from gpufleet.config.inventory import Host
+from gpufleet.engine.batch import BatchCmd, joined
 from gpufleet.engine.become import Become, wire
 from gpufleet.engine.command import Cmd, mask
 from gpufleet.engine.output import HostLines
@@ -128,7 +129,17 @@ class FakeSession:
 
     def run(self, cmd: Cmd, step: str, *, check: bool = True, timeout: float | None = None,
             echo: Callable[[str], None] | None = None) -> Result:
-        """Record, answer, echo the output's lines host-prefixed, raise RemoteCommandError as HostSession does."""
+        """Record, answer, echo the output's lines host-prefixed, raise RemoteCommandError as HostSession does.
+        Reads side by side (engine/batch.py) are answered and recorded one by one, joined as the host joins them."""
+        if isinstance(cmd, BatchCmd):
+            answers = []
+            for inner, inner_step in cmd.reads:
+                self.calls.append((inner_step, inner))
+                got = self.answer(inner_step, inner)
+                answers.append((got.exit_code, got.output))
+            result = Result(self.name, step, cmd.display(), 0, joined(answers), 0.0)
+            self.results.append(result)
+            return result
         self.calls.append((step, cmd))
         result = self.answer(step, cmd)
         self.results.append(result)

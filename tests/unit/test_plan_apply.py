@@ -60,12 +60,17 @@ def upgrade(roles, dry_run=False, **kw) -> tuple[Executor, list[str], list[int]]
 def test_dry_run_plans_every_role_against_todays_facts_and_touches_nothing():
     a = role("a", [step("one"), Unchanged("a", "fine")])
     b = role("b", [step("two")])
-    up, _, reads = upgrade([a, b], dry_run=True)
-    session = scripted()
+    up, _, _ = upgrade([a, b], dry_run=True)
+    session = scripted({"facts": (0, "facts#1")})
+
+    def read_facts(on):  # as gather_facts does: one command on the host, its answer parsed
+        return HostFacts(host=on.run(Cmd.of("facts"), step="facts", check=False).output.strip())
+    up.read_facts = read_facts
     report = up.host(session, Stack())
     assert [e.status for e in report.entries] == ["planned", "unchanged", "planned"]
-    assert a.seen == b.seen == ["facts#1"] and reads == [1]
-    assert session.steps == ["read lock"]  # no lock, needed check, snapshot, command or audit
+    assert a.seen == b.seen == ["facts#1"]
+    # the lock and the facts read side by side, once; no needed check, snapshot, command or audit
+    assert session.steps == ["read lock", "facts"] and len(session.results) == 1
     assert report.ok and report.lock_holder is None
 
 

@@ -439,11 +439,9 @@ def test_sgl_kernel_builds_with_real_nvcc_as_upstreams_does(build_venv, tmp_path
 
     missing = wheel("-Ccmake.define.FETCHCONTENT_FULLY_DISCONNECTED=ON")
     assert missing.returncode != 0  # no cutlass source: the build cannot find it
-    started = time.monotonic()
     built = wheel(f"-Ccmake.define.FETCHCONTENT_SOURCE_DIR_REPO-CUTLASS={cutlass}",
                   "-Ccmake.define.FETCHCONTENT_FULLY_DISCONNECTED=ON")
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    assert time.monotonic() - started < 60
     (whl,) = (tmp_path / "dist").glob("sgl_kernel-0.3.21-cp310-abi3-*.whl")
     with zipfile.ZipFile(whl) as archive:
         names = set(archive.namelist())

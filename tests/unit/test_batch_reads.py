@@ -1,0 +1,72 @@
+"""Reads side by side in one exec (engine/batch.py): the real read_batch.sh run here with bash, each read's exit
+code and output kept apart, secrets never put inside the batch's text."""
+
+from __future__ import annotations
+
+import subprocess
+
+from gpufleet.engine import batch
+from gpufleet.engine.command import Cmd, Secret
+from gpufleet.engine.ssh import Result
+
+
+class LocalSession:
+    """Runs commands with bash here, as HostSession.run does on a host; keeps every run like session.results."""
+
+    name = "local"
+
+    def __init__(self):
+        self.results: list[Result] = []
+
+    def run(self, cmd, step, check=True, timeout=None):
+        proc = subprocess.run(["bash", "-c", cmd.render()], capture_output=True, text=True, timeout=60)
+        result = Result(self.name, step, cmd.display(), proc.returncode, proc.stdout + proc.stderr, 0.0)
+        self.results.append(result)
+        return result
+
+
+def test_each_read_keeps_its_exit_code_and_output_in_order():
+    session = LocalSession()
+    reads = [(Cmd.of("bash", "-c", "echo one; echo err >&2; exit 3"), "first"),
+             (Cmd.of("printf", "%s", "no newline at the end"), "second"),
+             (Cmd.of("bash", "-c", "printf '@@gpufleet-read 0 rc=9@@ is only text here\\n'; true"), "third"),
+             (Cmd.of("true"), "quiet")]
+    got = batch.run_side_by_side(session, reads)
+    assert [(r.step, r.exit_code) for r in got] == [("first", 3), ("second", 0), ("third", 0), ("quiet", 0)]
+    assert got[0].output == "one\nerr\n" and got[1].output == "no newline at the end\n"
+    assert got[2].output.startswith("@@gpufleet-read 0 rc=9@@ is only text") and got[3].output == ""
+    assert len(session.results) == 1, "four reads, one exec"
+
+
+def test_reads_run_side_by_side_not_one_after_another(tmp_path):
+    # each read waits for the other's file: one after another, the first would wait forever (the timeout says so)
+    a, b = tmp_path / "a", tmp_path / "b"
+    wait_for = "for i in $(seq 100); do [ -e {0} ] && exit 0; sleep 0.05; done; exit 1"
+    reads = [(Cmd.of("bash", "-c", f"touch {a}; " + wait_for.format(b)), "a"),
+             (Cmd.of("bash", "-c", f"touch {b}; " + wait_for.format(a)), "b")]
+    assert [r.exit_code for r in batch.run_side_by_side(LocalSession(), reads)] == [0, 0]
+
+
+def test_a_read_with_a_secret_runs_alone_and_login_reads_apart():
+    session = LocalSession()
+    reads = [(Cmd.of("echo", Secret("s3cr3t-value")), "secret"), (Cmd.of("echo", "a"), "a"),
+             (Cmd.of("echo", "b", login=True), "login b"), (Cmd.of("echo", "c", login=True), "login c"),
+             (Cmd.of("echo", "d"), "d")]
+    got = batch.run_side_by_side(session, reads)
+    assert [r.output.strip() for r in got] == ["s3cr3t-value", "a", "b", "c", "d"]
+    ran = [r.step for r in session.results]
+    assert ran[0] == "secret" and len(ran) == 3, ran  # the secret alone, then one batch per login kind
+    assert all("s3cr3t-value" not in r.command for r in session.results[1:])
+
+
+def test_a_batch_that_broke_off_reports_every_read_as_unanswered():
+    parts = batch.split("@@gpufleet-read 0 rc=0@@\nfine\n", 2)
+    assert parts[0] == (0, "fine\n") and parts[1][0] is None
+
+
+def test_reads_too_long_for_one_command_line_go_in_several_batches():
+    session = LocalSession()
+    big = "x" * (batch.MAX_TEXT // 2 + 10)
+    reads = [(Cmd.of("bash", "-c", f": {big}; echo {n}"), str(n)) for n in range(3)]
+    got = batch.run_side_by_side(session, reads)
+    assert [r.output.strip() for r in got] == ["0", "1", "2"] and len(session.results) == 3
