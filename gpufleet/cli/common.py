@@ -106,11 +106,14 @@ def selection(inv: Inventory, host: str | None, hosts: str | None, default: str 
 
 def facts(target: Target) -> int:
     """`inv facts`: each selected host's facts, as tables or JSON; 1 when any host could not be read."""
-    from gpufleet.engine.runner import for_each_host
-    from gpufleet.facts.gather import gather_facts
+    from gpufleet.engine.dial import dial
 
     as_json = target.json
-    outcomes = for_each_host(list(target.hosts), target.inventory, gather_facts)
+    with dial(list(target.hosts), target.inventory.settings) as dialed:
+        from gpufleet.engine.runner import for_each_host  # paramiko: imported while the hosts answer the TCP handshake
+        from gpufleet.facts.gather import gather_facts
+
+        outcomes = for_each_host(list(target.hosts), target.inventory, gather_facts, dialed=dialed)
     from rich.markup import escape
 
     from gpufleet.cli import render
@@ -150,11 +153,15 @@ def held_lock(claim) -> dict | None:
 def status(target: Target) -> int:
     """`inv status`: each selected host against its stack (overrides resolved before any connection), and the
     holder of each host lock that is held."""
-    from gpufleet.engine.runner import for_each_host
-    from gpufleet.fleet.status import compare, unreachable
+    from gpufleet.engine.dial import dial
 
     stacks = target.stacks
-    outcomes = for_each_host(list(target.hosts), target.inventory, _facts_and_lock)
+    with dial(list(target.hosts), target.inventory.settings) as dialed:
+        from gpufleet.engine.runner import for_each_host  # paramiko: imported while the hosts answer the TCP handshake
+
+        outcomes = for_each_host(list(target.hosts), target.inventory, _facts_and_lock, dialed=dialed)
+    from gpufleet.fleet.status import compare, unreachable  # the roles (jinja2): once the hosts have answered
+
     rows, locks = [], {}
     for h, out in zip(target.hosts, outcomes):
         rows.append(compare(h, stacks[h.name], out.value[0]) if out.ok else unreachable(h.name, out.error, out.kind))

@@ -12,11 +12,12 @@ from gpufleet.cli.fleetdir import fleet_dir
 from gpufleet.config.inventory import Host, Inventory
 from gpufleet.config.stack import Stack, host_stacks
 from gpufleet.errors import ConfigError
-from gpufleet.fleet.roll import RollSummary, last_stopped, max_failures, plan_batches, runs_dir
-from gpufleet.roleapi import Selection
 
-if TYPE_CHECKING:  # the lock module (tomlkit) is read only with --lock or a resumed roll
+if TYPE_CHECKING:  # the lock module (tomlkit) is read only with --lock or a resumed roll; the roll module only by
+    # tasks that roll (it pulls in the hosts' state files and the engine before `inv status` needs them)
     from gpufleet.config.lock import FleetLock
+    from gpufleet.fleet.roll import RollSummary
+    from gpufleet.roleapi import Selection  # the role registry's API: read by tasks given --only / --skip
 
 
 def _load_lock(path) -> FleetLock:
@@ -162,6 +163,8 @@ def resolve(task: str, *, inventory: str | None = None, stack: str | None = None
         inv.settings = inv.settings.model_copy(update={"parallelism": limit})
     given = _load_lock(lock) if lock else None
     resumed = None
+    if roll is not None:
+        from gpufleet.fleet.roll import last_stopped, max_failures, plan_batches, runs_dir
     if roll and roll.resume and not dry_run:
         previous_dir, previous = last_stopped(runs_dir(fleet_dir() / "runs"), task, str(inv.path.resolve()))
         resumed = Resumed(previous_dir, previous)

@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import base64
-import glob
 import hashlib
 import hmac
-import os
 import re
 import shlex
 import time
@@ -16,34 +14,13 @@ from pathlib import Path
 
 import paramiko
 
+# ssh_config's Include expansion lives in sshconfig.py (read there before paramiko is imported); named here too
+from gpufleet.engine.sshconfig import expand_includes  # noqa: F401
 from gpufleet.errors import HostKeyError
 
 GLOBAL_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 CERT_SUFFIX = "-cert-v01@openssh.com"
 _HOST_CERT = 2
-
-
-# --- ssh_config -------------------------------------------------------------------------------------------------
-
-def expand_includes(path: str | Path, depth: int = 0) -> str:
-    """The text of an ssh_config with every `Include` replaced by the files it names (globs, ~, and paths relative
-    to ~/.ssh as OpenSSH resolves them), since paramiko's parser has no Include."""
-    if depth > 16:
-        raise HostKeyError(f"{path}: Include nests more than 16 deep (a loop?)")
-    lines = []
-    for line in Path(path).read_text().splitlines():
-        words = line.strip().split(None, 1)
-        if len(words) == 2 and words[0].lower() == "include":
-            for pattern in shlex.split(words[1]):
-                pattern = os.path.expanduser(pattern)
-                if not os.path.isabs(pattern):
-                    pattern = os.path.join(os.path.expanduser("~/.ssh"), pattern)
-                for included in sorted(glob.glob(pattern)):
-                    if os.path.isfile(included):
-                        lines.append(expand_includes(included, depth + 1))
-            continue
-        lines.append(line)
-    return "\n".join(lines) + "\n"
 
 
 # --- known_hosts ------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from gpufleet.engine.dial import Dialed
 from gpufleet.errors import GpufleetError, HostKeyError, UnreachableError
 from gpufleet.engine.ssh import HostSession
 
@@ -37,17 +38,19 @@ def gateway_for(host, inventory) -> HostSession | None:
     return HostSession(target, inventory.settings, gateway=gateway_for(target, inventory))
 
 
-def session_for(host, inventory, secrets: tuple[str, ...] = ()) -> HostSession:
-    return HostSession(host, inventory.settings, secrets=secrets, gateway=gateway_for(host, inventory))
+def session_for(host, inventory, secrets: tuple[str, ...] = (), dialed: Dialed | None = None) -> HostSession:
+    return HostSession(host, inventory.settings, secrets=secrets, gateway=gateway_for(host, inventory), dialed=dialed)
 
 
 def for_each_host(hosts: list, inventory, work: Callable[[HostSession], Any], *,
-                  secrets: tuple[str, ...] = (), parallelism: int | None = None) -> list[HostOutcome]:
-    """Open one connection per host, run work(session) on each, never let one host's failure stop the others."""
+                  secrets: tuple[str, ...] = (), parallelism: int | None = None,
+                  dialed: Dialed | None = None) -> list[HostOutcome]:
+    """Open one connection per host, run work(session) on each, never let one host's failure stop the others.
+    dialed: TCP connections opened before paramiko was imported (engine.dial.dial), taken by the first opens."""
     limit = max(1, min(parallelism or inventory.settings.parallelism, len(hosts) or 1))
 
     def one(host) -> HostOutcome:
-        session = session_for(host, inventory, secrets)
+        session = session_for(host, inventory, secrets, dialed)
         try:
             with session:
                 return HostOutcome(host.name, value=work(session))

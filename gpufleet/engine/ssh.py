@@ -19,6 +19,7 @@ from fabric import Config, Connection
 from gpufleet.engine import become as become_mod
 from gpufleet.engine import openssh
 from gpufleet.engine.command import Cmd, mask
+from gpufleet.engine.dial import Dialed
 from gpufleet.errors import ConnectionLost, GpufleetError, HostKeyError, RemoteCommandError, UnreachableError
 from gpufleet.engine.output import HostLines
 
@@ -117,7 +118,8 @@ def _key_with_certificate(host: str, identity: str, certificate: str) -> paramik
 class HostSession:
     """An open SSH connection to one inventory host; every command of a run goes through it."""
 
-    def __init__(self, host, settings, *, secrets: tuple[str, ...] = (), gateway: "HostSession | None" = None):
+    def __init__(self, host, settings, *, secrets: tuple[str, ...] = (), gateway: "HostSession | None" = None,
+                 dialed: Dialed | None = None):
         self.host = host
         self.settings = settings
         self.become = become_mod.Become.of(host)
@@ -127,6 +129,7 @@ class HostSession:
         self.conn: Connection | None = None
         self.results: list[Result] = []
         self.link: LinkTimes | None = None  # measured at the first open; reconnects are given its handshake time
+        self.dialed = dialed  # TCP connections opened early (engine/dial.py): the first open may take this host's
 
     @property
     def name(self) -> str:
@@ -191,7 +194,12 @@ class HostSession:
 
     def open(self) -> "HostSession":
         conn = self.connection()
+        dialed, self.dialed = self.dialed, None  # a reconnect dials anew
         try:
+            if dialed is not None:
+                sock = dialed.take(self.name, conn.host, conn.port, direct=conn.gateway is None)
+                if sock is not None:
+                    conn.connect_kwargs["sock"] = sock  # paramiko skips its own connect; timeouts stay as given
             conn.open()
         except HostKeyError:
             raise

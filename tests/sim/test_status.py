@@ -166,3 +166,26 @@ def test_one_connection_per_host_for_a_run(sim_fleet, tmp_path):
             session.run(Cmd.of("true"), step=f"probe {i}")
         assert session.conn.transport is transport and transport.is_active()
     assert [r.step for r in session.results] == ["probe 0", "probe 1", "probe 2"]
+
+
+def test_the_connection_opened_before_paramiko_is_the_one_it_logs_in_on(sim_fleet):
+    """`inv status` opens the TCP connections while paramiko is imported (engine/dial.py); paramiko must log in on
+    exactly those sockets, not dial again."""
+    from gpufleet.config.inventory import load_inventory
+    from gpufleet.engine.command import Cmd
+    from gpufleet.engine.dial import dial
+    from gpufleet.engine.runner import for_each_host
+
+    inv_ = load_inventory(sim_fleet.inventory_path)
+    hosts = [inv_.hosts["gpu1"], inv_.hosts["gpu2"]]
+    with dial(hosts, inv_.settings) as dialed:
+        assert sorted(dialed._early) == ["gpu1", "gpu2"]
+        for early in dialed._early.values():
+            early.done.wait()
+        dialled = {name: early.sock.getsockname() for name, early in dialed._early.items()}
+
+        def work(session):
+            return session.conn.transport.sock.getsockname(), session.run(Cmd.of("true"), step="probe").ok
+
+        outcomes = for_each_host(hosts, inv_, work, dialed=dialed)
+    assert [o.value for o in outcomes] == [(dialled["gpu1"], True), (dialled["gpu2"], True)], outcomes

@@ -19,8 +19,10 @@ def git(cwd: Path, *args: str) -> str:
 
 
 def run_script(script: str) -> str:
-    # fed on stdin as over SSH (`bash -s`): a section reading stdin would eat the rest of the script
-    proc = subprocess.run(["bash", "-s"], input=script, capture_output=True, text=True, timeout=300)
+    # fed on stdin as over SSH (`bash -s`): a section reading stdin would eat the rest of the script; without the
+    # test run's PYTHONPATH, which never reaches a host (the checkout's gpufleet.egg-info would be a venv's package)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(["bash", "-s"], input=script, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout + proc.stderr
 

@@ -28,15 +28,20 @@ def installed(tmp_path_factory) -> Path:
     return base / "venv" / "bin"
 
 
+def clean_env() -> dict[str, str]:
+    """The environment without the test run's own PYTHONPATH (the checkout) and GPUFLEET_ settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_") and k != "PYTHONPATH"}
+
+
 def run(bin_dir: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_") and k != "PYTHONPATH"}
+    env = clean_env()
     return subprocess.run([str(bin_dir / "gpufleet"), *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=120)
 
 
 def test_the_command_is_the_installed_package(installed, tmp_path):
     where = subprocess.run([str(installed / "python"), "-c", "import gpufleet; print(gpufleet.__file__)"],
-                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+                           cwd=tmp_path, env=clean_env(), capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(installed.parent)), where  # the venv's copy, not the checkout
     out = run(installed, tmp_path, "--version")
     assert out.returncode == 0 and out.stdout.strip() == "gpufleet 0.1.0", out

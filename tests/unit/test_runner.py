@@ -13,7 +13,7 @@ from gpufleet.testing.session import FakeSession
 def test_a_failed_host_keeps_the_exception_with_its_result_and_command(monkeypatch):
     sessions = {"gpu1": FakeSession(name="gpu1", default=(0, "fine\n")),
                 "gpu2": FakeSession(name="gpu2", default=(2, "boom\n"))}
-    monkeypatch.setattr(runner, "session_for", lambda host, inventory, secrets=(): sessions[host.name])
+    monkeypatch.setattr(runner, "session_for", lambda host, inventory, secrets=(), dialed=None: sessions[host.name])
     inventory = SimpleNamespace(settings=SimpleNamespace(parallelism=2))
     hosts = [Host(name="gpu1", address="10.0.0.1"), Host(name="gpu2", address="10.0.0.2")]
     ok, failed = runner.for_each_host(hosts, inventory, lambda s: s.run(Cmd.of("check"), "check").output)
