@@ -23,9 +23,11 @@ from gpufleet.engine.command import mask
 from gpufleet.engine.output import emit
 from gpufleet.fleet import hoststate
 from gpufleet.fleet.hoststate import RunInfo
+from gpufleet.fleet import survey
 from gpufleet.fleet.procedures import RollProcedures
+from gpufleet.fleet.survey import LeftOut
 from gpufleet.fleet.roll import (HostResult, Roll, RollSummary, RunRecord, in_flight, mark_killed, note_doing,
-                                 runs_dir, utc_stamp)
+                                 plan_batches, runs_dir, utc_stamp)
 from gpufleet.engine.runner import session_for
 
 STYLE = {"ok": "green", "unchanged": "green", "failed": "red", "rolled-back": "yellow", "rollback-failed": "bold red",
@@ -51,18 +53,30 @@ def roll(target: Target) -> int:
         say(f"resuming the roll of {target.resumed.dir.name}: {', '.join(sorted(skip)) or 'no host'} done already")
     else:
         skip = set()
+    run = RunInfo.current(target.command)
+    left = _survey(target, chosen, skip, set(in_flight(previous)) if previous else set(), run, say)
+    batches = [list(b) for b in target.batches]
+    if left.hosts:
+        rest = [h.name for h in chosen if h.name not in left.hosts]
+        canary = target.roll.canary if target.roll.canary in rest else None
+        if target.roll.canary and canary is None:
+            say(f"the canary {target.roll.canary} is on target: {rest[0] if rest else 'no host'} goes first")
+        batches = plan_batches(rest, canary, target.roll.batch)
     summary = RollSummary(kind, utc_stamp(), target.command, [h.name for h in chosen],
-                          [list(b) for b in target.batches], int(target.roll.max_fail),
+                          batches, int(target.roll.max_fail),
                           resumed_from=previous.started if previous else None,
                           inventory=str(target.inventory.path.resolve()), pid=os.getpid(),
                           lock=target.lock.path if target.lock else None)
     summary.results = {h.name: (previous.results[h.name] if previous and h.name in skip else HostResult(h.name))
                        for h in chosen}
+    for name, steps_taken in left.hosts.items():
+        summary.results[name] = HostResult(name, outcome="unchanged", steps=steps_taken)
+    if left.held is not None:
+        summary.lock = left.held.path
     record = RunRecord(runs_dir(fleet_dir() / "runs"), summary)
     try:  # from here on, whatever ends the roll leaves a record that says so
-        say(f"rolling {kind} over {len(chosen)} host(s): {' | '.join(', '.join(b) for b in summary.batches)}; "
-            f"record in {record.dir}")
-        run = RunInfo.current(target.command)
+        say(f"rolling {kind} over {len(chosen) - len(left.hosts)} host(s): "
+            f"{' | '.join(', '.join(b) for b in summary.batches) or 'none'}; record in {record.dir}")
         settings = target.inventory.settings
         doing: dict[str, str] = {}  # host in flight -> its last line, whoever said it
 
@@ -75,6 +89,8 @@ def roll(target: Target) -> int:
                                selection=target.chosen_roles, snapshots_keep=settings.snapshots_keep,
                                wheels=WheelCache(progress=_download_progress(target)),
                                reconnect_for=settings.reconnect_for, interrupted=previous)
+        if left.held is not None:  # the fleet is on a recorded lock: the hosts that differ converge to it
+            steps.upgrader.lock = steps.planner.lock = left.held
         steps.hooks = router_roll.hooks_for(target, summary, record, said)  # router drain/rejoin, speed gate
         procedure, recover = steps.hooks.wrap(steps.procedure, None if target.roll.no_rollback else steps.recover)
         roller = Roll(target.inventory, procedure, recover, max_fail=int(target.roll.max_fail), say=said,
@@ -108,6 +124,38 @@ def roll(target: Target) -> int:
                                     + ("; run again with --resume to continue" if summary.status != "completed"
                                        else "")))
     return roll_exit_code(summary)
+
+
+def _survey(target: Target, chosen, skip: set[str], unknown: set[str], run: RunInfo, say) -> LeftOut:
+    """Plan every host still to do read-only, side by side, and decide which are left out as they are (those a
+    stopped roll left in flight are re-checked by the roll itself, never left out here)."""
+    from gpufleet.config import lock
+    from gpufleet.engine import readahead
+    from gpufleet.fleet.executor import Executor
+    from gpufleet.wheels.fetch import cache_root
+    from gpufleet.roles import ROLES
+    from gpufleet.roles.model_server import ModelServer
+
+    todo = [h for h in chosen if h.name not in skip and h.name not in unknown]
+    if not todo:
+        return LeftOut({})
+    server = ModelServer(secrets=target.secrets, download=target.download)
+    roles = [*ROLES, server] if target.task == "upgrade" else [server]
+    planner = Executor(roles=roles, run=run, repo=fleet_dir(), dry_run=True, say=lambda line: None,
+                       lock=target.lock, selection=target.chosen_roles if target.task == "upgrade" else None,
+                       read_memory=readahead.Memory(cache_root() / "reads"))
+    found = survey.survey(todo, target.inventory, planner, target.stacks, secrets=target.hidden,
+                          build_keys=target.task == "upgrade")
+    left = survey.decide(target.task, [h.name for h in todo], found, given=target.lock,
+                         partial=target.chosen_roles is not None, locks=lock.locks_dir(fleet_dir() / "locks"))
+    if left.hosts:
+        say(f"on target, left as they are: {', '.join(left.hosts)}"
+            + (f" (on the fleet lock {left.held.path})" if left.held else ""))
+    for name in (n for n in found if n not in left.hosts):
+        say(f"[{name}] to roll: {found[name].why}")
+    if left.note:
+        say(left.note)
+    return left
 
 
 def _unknown(kind: str) -> str:

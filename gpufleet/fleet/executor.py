@@ -75,6 +75,8 @@ class HostReport:
     wheels: list[dict] = field(default_factory=list)  # files handed over: name, version, filename, url, sha256
     staged_venv: str | None = None  # where this run changed the venv before switching (or left it, on a failure)
     server_stopped: str | None = None  # the unit this run stopped for the venv switch (deploy-model starts it)
+    facts: object = field(default=None, repr=False)  # a dry run's facts, as its roles planned from them
+    reads: object = field(default=None, repr=False)  # a dry run's readahead.Reads: more reads, remembered too
 
     @property
     def ok(self) -> bool:
@@ -112,6 +114,7 @@ class Executor:
     resolver_version: str = RESOLVER_PIP
     selection: Selection | None = None  # --only / --skip (and --force)
     snapshots_keep: int | None = None  # after a successful run that took a snapshot, keep this many (None: all)
+    read_memory: readahead.Memory | None = None  # dry runs: each host's last plan reads, asked up front
     _pip_wheel: Path | None = field(default=None, repr=False)
     _pip_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -125,19 +128,6 @@ class Executor:
     def host(self, session, stack) -> HostReport:
         """Plan (dry run) or apply every role on one host; never raises for a failure on the host."""
         return _HostRun(self, session, stack).go()
-
-
-class _Reading:
-    """A session whose run() goes through a host's plan-time Reads (for read-only helpers written for sessions)."""
-
-    def __init__(self, session, reads: readahead.Reads):
-        self._session, self._reads = session, reads
-
-    def run(self, cmd: Cmd, step: str, *, check: bool = False, timeout: float | None = None, echo=None):
-        return self._reads.read(cmd, step)
-
-    def __getattr__(self, name):
-        return getattr(self._session, name)
 
 
 class _Viewed:
@@ -217,11 +207,14 @@ class _HostRun:
         try:
             # Nothing changes in a dry run, so every role sees today's facts, and the reads they plan from are
             # gathered and answered side by side: a few exec round trips per host instead of one per read.
-            reads = readahead.Reads(self.session, self.up.command_timeout)
-            asking = _Reading(self.session, reads)
+            memory = self.up.read_memory
+            reads = readahead.Reads(self.session, self.up.command_timeout,
+                                    memory.recall(self.session.host) if memory else ())
+            asking = reads.view()
             first = reads.plan(lambda: (reads.tolerant(lambda: hoststate.read_claim(asking)),
                                         reads.tolerant(lambda: self.up.read_facts(asking))))
             self.report.lock_holder, self.facts = first
+            self.report.facts, self.report.reads = self.facts, reads
             ctx = replace(self.context(self.facts), read=reads.read, resolver=lambda: self.resolver_now(reads))
             self.reads_passed_over = lambda: setattr(reads, "passed_over", True)
             planned = reads.plan(lambda: self.plan_roles(ctx, gathering=reads.gathering))

@@ -73,6 +73,29 @@ def test_roll_over_three_hosts_canary_first_in_order(fleet, tmp_path):
     assert json.loads((record / "summary.json").read_text())["status"] == "completed"
     assert all((record / f"{h}.log").read_text() for h in HOSTS)
 
+    # Run again on the converged fleet (a nightly cron): every host is planned read-only, side by side, found on
+    # target and on the lock just recorded, and left as it is: no stop, no restart, no snapshot, no audit line.
+    before = {h: _untouched_state(fleet, h) for h in HOSTS}
+    proc2, again = inv_json("upgrade", "--hosts", "all", "--inventory", str(good))
+    assert proc2.returncode == 0, proc2.stderr[-3000:]
+    assert again["status"] == "completed" and again["batches"] == [], again
+    assert again["lock"] == summary["lock"], again
+    lock_name = Path(summary["lock"]).name
+    for r in again["results"]:
+        assert r["outcome"] == "unchanged" and f"matches lock {lock_name}" in r["steps"], r
+    assert {h: _untouched_state(fleet, h) for h in HOSTS} == before
+
+    # gpu2's server stopped by hand: with the fleet lock given, only gpu2 is rolled (started and proven healthy)
+    fleet.run_on("gpu2", "systemctl stop sglang")
+    proc3, fixed = inv_json("upgrade", "--hosts", "all", "--inventory", str(good), "--lock", summary["lock"])
+    assert proc3.returncode == 0, proc3.stderr[-3000:]
+    assert fixed["batches"] == [["gpu2"]], fixed
+    outcomes = {r["host"]: r for r in fixed["results"]}
+    assert outcomes["gpu2"]["outcome"] == "ok" and any(s.startswith("health: ok") for s in outcomes["gpu2"]["steps"])
+    assert outcomes["gpu1"]["outcome"] == outcomes["gpu3"]["outcome"] == "unchanged"
+    assert _health(fleet, "gpu2") == "200"
+    assert _untouched_state(fleet, "gpu1") == before["gpu1"] and _untouched_state(fleet, "gpu3") == before["gpu3"]
+
 
 def test_failing_host_is_rolled_back_roll_stops_then_resume_completes(fleet, tmp_path):
     broken = _inventory(fleet, tmp_path, "broken.toml", broken=True)
