@@ -16,7 +16,8 @@ from gpufleet.cli.fleetdir import fleet_dir, prog
 from gpufleet.cli.interrupts import Interrupts, raw
 from gpufleet.cli.target import Target
 from gpufleet.facts.checkout import redact_url
-from gpufleet.wheels.fetch import WheelCache
+from gpufleet.engine import readahead
+from gpufleet.wheels.fetch import WheelCache, cache_root
 from gpufleet.fleet import hoststate
 from gpufleet.fleet.hoststate import RunInfo
 from gpufleet.engine.output import emit
@@ -40,7 +41,8 @@ def upgrade(target: Target) -> int:
                    wheels=wheels, say=say, command_timeout=target.inventory.settings.command_timeout,
                    lock=target.lock, selection=target.chosen_roles,
                    snapshots_keep=target.inventory.settings.snapshots_keep,
-                   reconnect_for=target.inventory.settings.reconnect_for)
+                   reconnect_for=target.inventory.settings.reconnect_for,
+                   read_memory=readahead.Memory(cache_root() / "reads") if target.dry_run else None)
     stacks = target.stacks
     busy: dict[str, str] = {}  # host being changed -> the last line it said
 

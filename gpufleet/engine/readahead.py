@@ -32,11 +32,12 @@ class Reads:
         # what this host's last plan read: asked with the first reads, so a plan like the last one needs no more
         self.remembered = list(remembered)
         self.gathering = False
+        self.planning = False  # inside plan(): a pass's reads count only if the pass does
         self.passed_over = False  # this gathering pass let a failure go (its answer is not the real one)
 
     def read(self, cmd: Cmd, step: str):
         key = (cmd.render(), cmd.login)
-        self.touched.setdefault(key, (cmd, step))
+        (self.touched if self.planning else self.used).setdefault(key, (cmd, step))
         if key in self.answers:
             return self.answers[key]
         if self.gathering:
@@ -77,6 +78,13 @@ class Reads:
         """Run passes() gathering until it asks nothing new (at most PASSES times), then for real: its result. A
         gathering pass that asked nothing and let no failure go was answered entirely by real answers: it is the
         real pass (planners without reads plan once)."""
+        self.planning = True
+        try:
+            return self._plan(passes)
+        finally:
+            self.planning = False
+
+    def _plan(self, passes: Callable[[], object]) -> object:
         for _ in range(PASSES):
             self.gathering, self.passed_over, self.touched = True, False, {}
             try:

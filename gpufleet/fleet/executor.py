@@ -219,6 +219,8 @@ class _HostRun:
             self.reads_passed_over = lambda: setattr(reads, "passed_over", True)
             planned = reads.plan(lambda: self.plan_roles(ctx, gathering=reads.gathering))
             self.report.entries.extend(planned[0])
+            if memory:  # what this plan read: asked up front next time
+                memory.keep(self.session.host, list(reads.used.values()))
             if any(changes_venv(e.item) for e in self.report.entries):
                 self.report.entries.append(Entry(self.switch_step(staging.estimate(self.session,
                                                                                    self.session.host.venv)), "planned"))

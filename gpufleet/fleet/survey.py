@@ -58,8 +58,8 @@ def survey(hosts: list, inventory, planner: Executor, stacks: dict, *, secrets: 
         found = judge(session.name, report)
         if found.on_target and build_keys:
             found.build_key = host_build_key(report.reads.view())
-        if planner.read_memory and report.reads is not None:  # what this survey read: asked up front next time
-            planner.read_memory.keep(session.host, list(report.reads.used.values()))
+            if planner.read_memory:  # the build record too, next time
+                planner.read_memory.keep(session.host, list(report.reads.used.values()))
         return found
 
     outcomes = for_each_host(hosts, inventory, one, secrets=secrets)

@@ -136,3 +136,11 @@ def test_a_remembered_read_no_longer_asked_costs_nothing_but_its_run_and_a_secre
     reads = readahead.Reads(session, remembered=memory.recall(target))
     assert reads.plan(planner(reads)) == "one to apply"
     assert "old" not in [step for _, step in reads.used.values()]
+
+
+def test_a_read_after_the_plan_is_remembered_too():
+    session = FakeSession({"probe": (0, "sha=abc\n"), "patches": (0, "all applied\n")})
+    reads = readahead.Reads(session)
+    reads.plan(planner(reads))
+    reads.view().run(Cmd.of("cat", "record"), step="build record")
+    assert [step for _, step in reads.used.values()] == ["probe", "patches", "build record"]
