@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -40,7 +39,6 @@ from gpufleet.sim.inventory_file import render_inventory  # noqa: E402
 HOSTS = ["gpu1", "gpu2", "gpu3", "gpu4"]
 # A quick health gate, as tests/sim/test_roll.py: the stand-in server warms up in 1 s.
 FAST = '[defaults.stack.server]\nhealth_timeout = 60\n[defaults.stack.server.env]\nSGLANG_SIM_WARMUP = "1"\n'
-BUILD_STEP = re.compile(r"# step '(build sgl-kernel [^']*)', exit 0, ([0-9.]+)s")
 
 
 def say(line: str) -> None:
@@ -75,6 +73,12 @@ def run_env(work: Path, name: str) -> dict:
             "GPUFLEET_LOCKS_DIR": str(d / "locks")}
 
 
+def build_seconds(env: dict) -> float | None:
+    """The canary's build as it recorded it (record.json's seconds, in the run's control-node cache)."""
+    records = sorted(Path(env["GPUFLEET_CACHE_DIR"]).glob("sgl-kernel/*/record.json"))
+    return json.loads(records[0].read_text())["seconds"] if records else None
+
+
 def kernel_seconds(report: dict) -> float | None:
     found = [e for e in report["entries"] if e["role"] == "sgl-kernel" and e["status"] == "changed"]
     return found[0]["seconds"] if found else None
@@ -96,14 +100,13 @@ def roll(work: Path, inventory: Path, batch: int, env: dict) -> dict:
         raise SystemExit(f"bench: roll with --batch {batch}: {summary['status']}: {summary.get('note')}")
     hosts = {r["host"]: r for r in summary["results"]}
     canary = summary["batches"][0][0]
-    log = Path(env["GPUFLEET_RUNS_DIR"]) / summary["started"] / f"{canary}.log"
-    builds = BUILD_STEP.findall(log.read_text()) if log.exists() else []
     others = [h for h in hosts if h != canary]
-    built_elsewhere = [h for h in others if BUILD_STEP.search(
-        (Path(env["GPUFLEET_RUNS_DIR"]) / summary["started"] / f"{h}.log").read_text(errors="replace"))]
+    # which hosts compiled (their logs announce the build step) rather than install the canary's wheel
+    record = Path(env["GPUFLEET_RUNS_DIR"]) / summary["started"]
+    built = [h for h in hosts if "\nsgl-kernel: build sgl-kernel " in (record / f"{h}.log").read_text(errors="replace")]
     return {"wall": wall, "load": load, "batches": summary["batches"], "canary": hosts[canary]["seconds"],
-            "others": [hosts[h]["seconds"] for h in others], "build": float(builds[-1][1]) if builds else None,
-            "rebuilt_on": built_elsewhere}
+            "others": [hosts[h]["seconds"] for h in others], "build": build_seconds(env),
+            "built_on": built}
 
 
 def main() -> None:
@@ -134,7 +137,7 @@ def main() -> None:
             rolls[batch] = roll(work, inventory, batch, run_env(work, f"roll-{batch}"))
             r = rolls[batch]
             say(f"  {r['wall']:.1f} s: canary {r['canary']} s (build {r['build']} s), others {r['others']} s, "
-                f"batches {r['batches']}, rebuilt on {r['rebuilt_on'] or 'no later host'}")
+                f"batches {r['batches']}, built on {', '.join(r['built_on']) or 'no host'}")
         later = statistics.median(rolls[1]["others"]) if 1 in rolls else cached["wall"]
         print(f"\n4 hosts, old stack to new, each build {args.build_seconds} s longer (stand-in), "
               f"{os.cpu_count()} cores shared with the hosts\n")
