@@ -3,11 +3,11 @@
 A light host is one private sshd (no systemd, no container) answering on 127.0.1.1, 127.0.1.2, ...: every name is
 its own address in the inventory and known_hosts, so gpufleet opens one SSH connection per host and runs the whole
 facts script there, as on a real box (the venv is a plain one made here; no GPUs: the GPU section says so). For each
-N and parallelism cap it runs `inv status --json` 1 + RUNS times and prints the median wall time, the control node's
+N and parallelism cap it runs `inv status --json` WARMUPS (1) + RUNS times and prints the median wall time, the control node's
 CPU and peak memory (ru_maxrss of the inv process). The hosts' work runs on the same machine, so wall time here
 is an upper bound; the control CPU and memory are the figures to read.
 
-Run as root from the checkout:  python3 bench/bench_scale.py [--hosts 16,64,128,256] [--parallel 16,64] [--runs 3]
+Run as root from the checkout:  python3 bench/bench_scale.py [--hosts 16,64,128,256] [--parallel 16,64] [--runs 3] [--warmups 1]
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ def main() -> None:
     parser.add_argument("--hosts", default="16,64,128,256")
     parser.add_argument("--parallel", default="16,64")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--warmups", type=int, default=1, help="untimed runs first (0 for the largest N)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpufleet-scale-"))
     venv = work / "venv"
@@ -106,7 +107,8 @@ def main() -> None:
         for parallel in map(int, args.parallel.split(",")):
             for hosts in map(int, args.hosts.split(",")):
                 inventory = write_inventory(work, hosts, parallel, venv)
-                run_status(inventory)  # warm-up
+                for _ in range(args.warmups):
+                    run_status(inventory)
                 samples = [run_status(inventory) for _ in range(args.runs)]
                 wall, cpu, rss = (statistics.median(s[i] for s in samples) for i in range(3))
                 rows.append((hosts, parallel, wall, cpu, rss))

@@ -222,6 +222,15 @@ class SimFleet:
         data.update(overrides)
         path.write_text(json.dumps(data))
 
+    def set_build_seconds(self, name: str, seconds: int | None) -> None:
+        """Make the host's sgl-kernel builds last `seconds` more (the stand-in CMake sleeps while configuring: see the
+        payload's cmake/utils.cmake), so a benchmark's build has a known length; None removes it. Read at each build."""
+        path = self.host_root(name) / "etc/gpufleet-sim/build-seconds"
+        if seconds is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(f"{int(seconds)}\n")
+
     def set_backends(self, name: str, behaviour: dict | None) -> None:
         """Tell the host's stand-in server what each backend set does (launch_server.Behaviour: wrong answers, fails
         to start, tokens per second, load time); None removes the file (every set works). Read at each launch."""
