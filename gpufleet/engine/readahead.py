@@ -48,6 +48,10 @@ class Reads:
         self.answers[key] = result = self.session.run(cmd, step=step, check=False, timeout=self.timeout)
         return result
 
+    def forget(self) -> None:
+        """The host changed under the plan (an upload it needed): every answer from before is read again."""
+        self.answers = {}
+
     def view(self) -> "Reading":
         """A session whose run() reads through these Reads (for read-only helpers written for sessions)."""
         return Reading(self.session, self)

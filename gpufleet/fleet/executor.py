@@ -232,10 +232,16 @@ class _HostRun:
             self.fail(exc, "fix the cause, then run the dry run again")
 
     def resolver_now(self, reads: readahead.Reads) -> Upload:
-        """The resolver in a dry run: its upload waits for the real pass (a gathering pass may be wrong about it)."""
-        if reads.gathering and self._resolver is None:
+        """The resolver in a dry run: its upload waits for the real pass (a gathering pass may be wrong about it).
+        Once it is on the host, answers read before it may be stale (a read of it that was asked up front found
+        none): later reads go to the host."""
+        if self._resolver is not None:
+            return self._resolver
+        if reads.gathering:
             raise readahead.Pending
-        return self.resolver()
+        upload = self.resolver()
+        reads.forget()
+        return upload
 
     def plan_roles(self, ctx: PlanContext, gathering: bool = False) -> tuple[list[Entry], dict[str, str]]:
         """Every role's plan against ctx (entries in role order) and the roles refused. While gathering reads a role

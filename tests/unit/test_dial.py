@@ -4,6 +4,8 @@ paramiko's own connect."""
 
 from __future__ import annotations
 
+import re
+
 import socket
 import threading
 
@@ -125,7 +127,9 @@ def test_paramiko_speaks_on_the_dialled_socket_and_fails_in_the_same_words(tmp_p
     with dial([host], settings) as dialed:
         early = _open_error(HostSession(host, settings, dialed=dialed))
     assert listener.accepted == 2  # one connection: the dialled one, not a second of paramiko's
-    assert early == plain and "gpu1" in early and "cannot connect" in early
+    # paramiko adds the socket's own words when the close arrives as a reset rather than an EOF: a race of timing
+    same = [re.sub(r"protocol banner.*", "protocol banner", e) for e in (early, plain)]
+    assert same[0] == same[1] and "gpu1" in early and "cannot connect" in early
 
 
 def test_a_refused_host_gets_paramikos_own_error_naming_host_and_port(tmp_path):

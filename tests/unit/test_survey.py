@@ -144,3 +144,35 @@ def test_a_read_after_the_plan_is_remembered_too():
     reads.plan(planner(reads))
     reads.view().run(Cmd.of("cat", "record"), step="build record")
     assert [step for _, step in reads.used.values()] == ["probe", "patches", "build record"]
+
+
+def test_a_read_asked_up_front_before_the_resolver_is_on_the_host_is_read_again_after_it(tmp_path, monkeypatch):
+    # the CI found it: a remembered pip resolve ran with the facts, before the dry run put the resolver's wheel on
+    # the freshly reset host, and its "can't open file" answer was used after the upload
+    from gpufleet.config.stack import Stack
+    from gpufleet.fleet import executor
+    from gpufleet.fleet.executor import Executor
+    from gpufleet.fleet.hoststate import RunInfo
+
+    wheel = "/var/cache/gpufleet/tools/pip.whl"
+    state = {"uploaded": False}
+
+    def resolver(self):
+        state["uploaded"] = True
+        self._resolver = wheel
+        return wheel
+    monkeypatch.setattr(executor._HostRun, "resolver", resolver)
+
+    def plan(ctx):
+        found = ctx.read(Cmd.of("resolve", ctx.resolver()), "resolve")
+        return [Unchanged("pipper", f"resolve exit {found.exit_code}: {found.output.strip()}")]
+    role = SimpleNamespace(name="pipper", plan=plan)
+    session = FakeSession({"resolve": lambda step, cmd: (0, "resolved") if state["uploaded"] else
+                           (2, "can't open file")})
+    memory = readahead.Memory(tmp_path)
+    memory.keep(session.host, [(Cmd.of("resolve", wheel), "resolve")])
+    up = Executor(roles=[role], run=RunInfo.current("t"), repo=Path("."), dry_run=True, say=lambda line: None,
+                  read_facts=lambda on: SimpleNamespace(host="gpu1"), read_memory=memory)
+    report = up.host(session, Stack())
+    assert [e.item.reason for e in report.entries] == ["resolve exit 0: resolved"], report.error
+    assert session.steps.count("resolve") == 2  # up front (too early), then after the upload
