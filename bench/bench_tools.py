@@ -98,11 +98,15 @@ def tool_env(extra: dict | None = None) -> dict:
 def bench_venv() -> Path:
     """The bench-only venv with pyinfra and ansible-core (made once, kept for later runs)."""
     if not (BENCH_VENV / "bin" / "ansible").exists() or not (BENCH_VENV / "bin" / "pyinfra").exists():
-        python = shutil.which("python3.12") or "/root/.pyenv/versions/3.12.1/bin/python"
-        python = python if Path(python).exists() else sys.executable
+        python = next((c for c in (shutil.which("python3.12"), "/root/.pyenv/versions/3.12.1/bin/python")
+                       if c and _runs(c)), sys.executable)  # a pyenv shim may name a version it will not run
         subprocess.run([python, "-m", "venv", str(BENCH_VENV)], check=True)
         subprocess.run([str(BENCH_VENV / "bin" / "pip"), "install", "-q", *TOOLS], check=True)
     return BENCH_VENV
+
+
+def _runs(python: str) -> bool:
+    return subprocess.run([python, "-c", "pass"], capture_output=True).returncode == 0
 
 
 def tool_files(fleet: SimFleet, names: list[str], work: Path) -> tuple[Path, Path]:
