@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +20,12 @@ def installed(tmp_path_factory) -> Path:
     wheels = base / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(wheels), str(REPO)], check=True, capture_output=True, text=True, timeout=300)
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(base / "venv")], check=True,
-                   timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", str(base / "venv")], check=True, timeout=300)
+    # The test run's own packages (invoke, fabric, ...: where it runs, a venv or the system's) after the venv's: a
+    # path a .pth adds never runs the .pth files in it, so the checkout's editable gpufleet stays out of sight.
+    # (--system-site-packages would show the base interpreter's packages, not those of a venv the tests run in.)
+    [own] = (base / "venv" / "lib").glob("python3*/site-packages")
+    (own / "gpufleet-test-outer.pth").write_text("".join(f"{p}\n" for p in site.getsitepackages()))
     # --ignore-installed: this machine's Python may have a (checkout's editable) gpufleet the venv would see
     pip = [str(base / "venv/bin/python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--ignore-installed",
            "--find-links", str(wheels), "gpufleet"]
