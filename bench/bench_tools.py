@@ -134,6 +134,8 @@ def commands(fleet: SimFleet, names: list[str], inventory: Path, venv: Path, wor
                    "ANSIBLE_LOCAL_TEMP": str(work / "ansible-local"), "ANSIBLE_DEPRECATION_WARNINGS": "False"}
     return {
         "plain ssh, user reads (floor)": dict(argv=[fleet.ssh_argv(n) + [USER_READS] for n in names]),
+        # what the connection alone costs (sshd's key exchange and session): the part of host CPU no script saves
+        "plain ssh, `true` (the connection alone)": dict(argv=[fleet.ssh_argv(n) + ["true"] for n in names]),
         # sent as gpufleet sends it: the remote command `bash -c SCRIPT` (stdin would serialise the hosts here)
         "plain ssh, gpufleet's facts script": dict(argv=[fleet.ssh_argv(n) + [shlex.join(["bash", "-c", script])]
                                                          for n in names]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 import re
@@ -10,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
-import jinja2
 
 from gpufleet import remote
 from gpufleet.facts import modelfiles
@@ -30,9 +30,19 @@ TIMEOUT_START = 7200
 DOWNLOAD_TIMEOUT = 24 * 3600.0
 # Changes earlier roles make (Step.changes) that the running server must be restarted to pick up.
 STACK_CHANGES = frozenset({"venv", "checkout", "kernel"})
-_TEMPLATES = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-                                undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                                keep_trailing_newline=True, autoescape=False)
+
+
+@functools.cache
+def _templates():
+    """The unit's template environment, made when a unit is first rendered (jinja2 costs ~30 ms to import, which an
+    `inv status` that renders nothing need not pay)."""
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                              keep_trailing_newline=True, autoescape=False)
+
+
 _SAFE_WORD = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
 # systemd refuses an ExecStart executable whose path holds a quote or a backslash ("Executable name contains special
 # characters"); such a venv's python is started by sh with its path as $0, never pasted into a script.
@@ -128,7 +138,7 @@ def environment(host, stack, python_version: str) -> dict[str, str]:
 def render_unit(host, stack, python_version: str) -> str:
     """The unit file's text (python_version: the venv's, e.g. "3.12")."""
     env = environment(host, stack, python_version)
-    return _TEMPLATES.get_template("sglang.service.j2").render(
+    return _templates().get_template("sglang.service.j2").render(
         model=stack.model.name, service=host.service, env_file=env_path(host), timeout_start=TIMEOUT_START,
         environment=[sd_quote(f"{k}={v}", expand=False) for k, v in env.items()],
         exec_lines=[" ".join(sd_quote(w) for w in group) for group in _exec_start(exec_groups(host, stack))])

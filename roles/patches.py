@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import hashlib
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -159,7 +160,7 @@ def stack_series(stack, repo: Path) -> list[Series]:
 
 # ---- the remote judging script -------------------------------------------------------------------------------------
 _BASE = remote.text("patches_base.sh")
-_LIBRARY = _BASE + remote.text("patches_judge.sh")
+_LIBRARY = _BASE + remote.text("patches_judge.sh") + remote.text("patches_memo.sh")
 
 
 def series_paths(s: Series) -> list[str]:
@@ -183,7 +184,9 @@ def status_script(checkout: str, branch: str, series: list[Series], fetch: bool 
     (origin's branch tip, or the commit `target` names: a pin)."""
     q = shlex.quote
     lines = [f"co={q(checkout)}", f"ref={q('refs/remotes/origin/' + branch)}", _LIBRARY]
-    if fetch:
+    if fetch and target:  # a pinned commit the checkout already has needs no trip to the remote
+        lines.append(f"g rev-parse -q --verify {q(target + '^{commit}')} >/dev/null || gf_fetch {q(branch)}")
+    elif fetch:
         lines.append(f"gf_fetch {q(branch)}")
     if target:
         lines.append(f"upref=$(g rev-parse -q --verify {q(target + '^{commit}')}) || "
@@ -193,25 +196,44 @@ def status_script(checkout: str, branch: str, series: list[Series], fetch: bool 
     else:
         lines.append('upstream=$(g rev-parse -q --verify "$ref^{commit}")')
     lines.append('echo "@@upstream $upstream"')
+    judging, watched = [], []  # the verdicts' lines, and the checkout's paths they read
     for s_index, s in enumerate(series):
         if not s.patches:
             continue
         files = {p.name: f'"$tmp/p/{s_index}-{p.name}"' for p in s.patches}
-        lines.append('mkdir -p "$tmp/p"')
-        lines += [_write(files[p.name], p.text) for p in s.patches]
-        lines += [_array("roots", s.roots), f"probe={q(s.patches[0].probe_path)}", _array("paths", series_paths(s))]
+        judging.append('mkdir -p "$tmp/p"')
+        judging += [_write(files[p.name], p.text) for p in s.patches]
+        judging += [_array("roots", s.roots), f"probe={q(s.patches[0].probe_path)}",
+                    _array("paths", series_paths(s))]
+        watched += [f"{r}/{p}" if r else p for r in s.roots for p in series_paths(s)]
         for tree in ("wt", "up"):
             block = [f"gf_tree {tree} {s_index}"]
             for p in s.patches:
                 block += [f"effect={q(p.effect.name if p.effect else '')}",
                           f"gf_judge {tree} {q(s.name)} {q(p.name)} {files[p.name]}"]
-            lines.append("\n".join(block) if tree == "wt" else
-                         '[ -z "$upstream" ] || {\n' + "\n".join(block) + "\n}")
+            judging.append("\n".join(block) if tree == "wt" else
+                           '[ -z "$upstream" ] || {\n' + "\n".join(block) + "\n}")
+    lines += _remembered(judging, watched)
     text = "\n".join(lines) + "\nexit 0\n"
     if len(text.encode()) > MAX_SCRIPT_BYTES:
         raise ConfigError(str(series[0].path if series else "patches"),
                           f"the patch series are too large to send in one command ({len(text)} bytes)")
     return text
+
+
+def _remembered(judging: list[str], watched: list[str]) -> list[str]:
+    """The judging lines, answered from the host's memo when nothing they read has changed (patches_memo.sh)."""
+    if not judging:
+        return []
+    body = "\n".join(judging)
+    digest = hashlib.sha256((_LIBRARY + body).encode()).hexdigest()
+    return [_array("watched", sorted(set(watched))),
+            f"key=$(gf_memo_key {digest}) || key=",
+            'if [ -n "$key" ] && [ -f "$gf_memo_dir/$key" ]; then cat -- "$gf_memo_dir/$key"; echo "@@memo $key"; '
+            'exit 0; fi',
+            "{\n" + body + '\n} > "$tmp/judged"',
+            'cat -- "$tmp/judged"',
+            '[ -z "$key" ] || gf_memo_keep "$key"']
 
 
 def status_command(checkout: str, branch: str, series: list[Series], fetch: bool = True, target: str = "") -> Cmd:
@@ -268,10 +290,11 @@ class HostPatches:
     fetch_error: str | None = None
     patches: list[PatchStatus] = field(default_factory=list)
     error: str | None = None
+    remembered: bool = False  # the verdicts came from the host's memo: nothing they read had changed
 
     def to_json(self) -> dict:
         return {"host": self.host, "reachable": True, "error": self.error, "head": self.head,
-                "upstream": self.upstream, "fetch_error": self.fetch_error,
+                "upstream": self.upstream, "fetch_error": self.fetch_error, "remembered": self.remembered,
                 "patches": [p.to_json() for p in self.patches]}
 
     def status(self, series: str, patch: str) -> PatchStatus | None:
@@ -306,6 +329,8 @@ def parse_output(host: str, text: str) -> tuple[HostPatches, list[Judgement]]:
             found.fetch_error = line.split(" ", 2)[-1].strip() or "git fetch failed"
         elif line.startswith("@@error "):
             found.error = line[8:].strip()
+        elif line.startswith("@@memo "):
+            found.remembered = True
     return found, judgements
 
 

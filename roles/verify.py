@@ -28,10 +28,12 @@ def expectations(ctx: PlanContext) -> dict:
             "torch": torch.expectations(ctx), "probe": TORCH_REPORT}
 
 
-def check_cmd(ctx: PlanContext) -> Cmd:
-    """The whole-stack check: exit 0 with a one-line summary, or exit 1 with one `stack problem:` line each."""
-    code = remote_python("verify_check.py", "versions.py", "torch_problems.py")
-    return Cmd.of(venv_python(ctx), "-c", code, json.dumps(expectations(ctx)), cwd="/")
+def check_cmd(ctx: PlanContext, *, fresh: bool = False) -> Cmd:
+    """The whole-stack check: exit 0 with a one-line summary, or exit 1 with one `stack problem:` line each. A plan's
+    read may be answered by the host's memo of an earlier pass (nothing it reads changed since); `fresh` never is."""
+    code = remote_python("verify_check.py", "versions.py", "torch_problems.py", "stack_memo.py")
+    return Cmd.of(venv_python(ctx), "-c", code, json.dumps(expectations(ctx)), cwd="/",
+                  env={"GPUFLEET_FRESH": "1"} if fresh else None)
 
 
 def problems_in(output: str) -> list[str]:
@@ -51,4 +53,4 @@ def plan(ctx: PlanContext) -> list[Step | Unchanged]:
         reason = "now: " + "; ".join(problems_in(result.output))
     modules = ", ".join(i.module for role in registry.ROLES for i in role.declares.imports)
     return [Step(role=name, title=f"verify the whole stack ({modules} import together)",
-                 reason=reason, commands=(), verify=(cmd,))]
+                 reason=reason, commands=(), verify=(check_cmd(ctx, fresh=True),))]

@@ -20,6 +20,8 @@ def pytest_configure(config):
     os.environ["GPUFLEET_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpufleet-test-cache-")
     os.environ["GPUFLEET_RUNS_DIR"] = tempfile.mkdtemp(prefix="gpufleet-test-runs-")
     os.environ["GPUFLEET_LOCKS_DIR"] = tempfile.mkdtemp(prefix="gpufleet-test-locks-")
+    # what a host remembers (patch judgements, stack checks), for the remote scripts the tests run locally
+    os.environ["GPUFLEET_HOST_CACHE"] = tempfile.mkdtemp(prefix="gpufleet-test-host-cache-")
 
 
 def _sim_unavailable() -> str | None:

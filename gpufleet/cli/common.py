@@ -190,13 +190,13 @@ def status(target: Target) -> int:
 def _router_columns(target: Target, rows) -> None:
     """With a [router]: each host's state in it (in, drained, absent, unhealthy) and the decode speed the last roll's
     speed gate measured on it."""
+    if target.inventory.router is None:
+        return
     from gpufleet.cli.router_roll import status_client
     from gpufleet.fleet import router_status
     from gpufleet.fleet.roll import runs_dir
     from gpufleet.cli.fleetdir import fleet_dir
 
-    if target.inventory.router is None:
-        return
     runs = runs_dir(fleet_dir() / "runs")
     extra = {"router": router_status.router_cells(status_client(target), target.hosts, target.stacks, runs),
              "speed": router_status.speed_cells(target.hosts, runs)}

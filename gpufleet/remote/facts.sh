@@ -119,26 +119,64 @@ gf_kernel_dir() {
     done
 }
 
-# $1: the checkout; $2...: where sgl-kernel may live in it (gf_kernel_dir)
+# The branch line of `git status --porcelain=v1 --branch` (without its `## `), as the lines the checkout section
+# has always printed: branch= (empty when detached), upstream= (empty when unset or gone), ahead_behind=A<tab>B
+# (empty without both a HEAD and a live upstream), as `symbolic-ref`, `rev-parse @{u}` and `rev-list --count` said.
+# $1: the line; $2: HEAD (empty before the first commit).
+gf_branch_line() {
+    local rest=$1 head=$2 branch= upstream= mark= ahead=0 behind=0 part
+    case "$rest" in
+        "HEAD (no branch)"*) rest= ;;
+        "No commits yet on "*) rest=${rest#No commits yet on } ;;
+        "Initial commit on "*) rest=${rest#Initial commit on } ;;
+    esac
+    case "$rest" in *" ["*"]") mark=${rest##* \[}; mark=${mark%]}; rest=${rest% \[*} ;; esac
+    branch=${rest%%...*}  # a ref name never holds "..": the first one parts branch and upstream
+    case "$rest" in *...*) upstream=${rest#*...} ;; esac
+    echo "branch=$branch"
+    if [ "$mark" = gone ]; then upstream=; fi
+    echo "upstream=$upstream"
+    if [ -z "$upstream" ] || [ -z "$head" ]; then echo "ahead_behind="; return 0; fi
+    local IFS=,
+    for part in $mark; do
+        part=${part# }
+        case "$part" in "ahead "*) ahead=${part#ahead } ;; "behind "*) behind=${part#behind } ;; esac
+    done
+    printf 'ahead_behind=%s\t%s\n' "$ahead" "$behind"
+}
+
+# $1: the checkout; $2...: where sgl-kernel may live in it (gf_kernel_dir). Four git commands: the top and HEAD,
+# then one status for the branch, its upstream, their distance and the changed files, the origin, the stashes.
 gf_checkout() {
-    local dir=$1 top real
+    local dir=$1 top real out head= status rc line files=
     shift
     echo "path=$dir"
     if [ ! -e "$dir" ]; then echo "exists=no"; echo "present=no"; return 0; fi
     echo "exists=yes"
     if ! command -v git >/dev/null 2>&1; then echo "gpufleet: git not found"; return 127; fi
-    top=$(gf_git "$dir" rev-parse --show-toplevel 2>/dev/null) || top=
+    out=$(gf_git "$dir" rev-parse --show-toplevel --verify -q HEAD 2>/dev/null)
+    top=${out%%$'\n'*}
+    case "$out" in *$'\n'*) head=${out#*$'\n'} ;; esac
     real=$(cd -- "$dir" 2>/dev/null && pwd -P) || real=$dir
     if [ -z "$top" ] || [ "$top" != "$real" ]; then echo "present=no"; echo "toplevel=$top"; return 0; fi
     echo "present=yes"
-    echo "head=$(gf_git "$dir" rev-parse --verify -q HEAD)"
-    echo "branch=$(gf_git "$dir" symbolic-ref --short -q HEAD)"
-    echo "upstream=$(gf_git "$dir" rev-parse --abbrev-ref --symbolic-full-name '@{u}' 2>/dev/null)"
-    echo "ahead_behind=$(gf_git "$dir" rev-list --left-right --count 'HEAD...@{u}' 2>/dev/null)"
+    echo "head=$head"
+    # --ahead-behind: a status.aheadBehind=false in the host's git config would leave out the counts
+    status=$(gf_git "$dir" status --porcelain=v1 --branch --ahead-behind 2>&1)
+    rc=$?
+    if [ "$rc" = 0 ]; then
+        while IFS= read -r line; do
+            case "$line" in
+                "## "*) gf_branch_line "${line#\#\# }" "$head" ;;
+                *) files+=$line$'\n' ;;
+            esac
+        done <<<"$status"
+    fi
     echo "remote_url=$(gf_git "$dir" remote get-url origin 2>/dev/null)"
     gf_kernel_dir "$dir" "$@"
     echo "@@status"
-    gf_git "$dir" status --porcelain=v1 || return
+    if [ "$rc" != 0 ]; then printf '%s\n' "$status"; return "$rc"; fi
+    printf '%s' "$files"
     echo "@@stash"
     gf_git "$dir" stash list
 }

@@ -67,3 +67,106 @@ def test_redact_url(url, safe):
 def test_unquote_plain_path_unchanged():
     assert unquote_path("plain.py") == "plain.py"
     assert unquote_path('"a\\"b"') == 'a"b'
+
+
+# ---- the section's script, run on real repositories ----------------------------------------------------------------
+def _git(repo, *args, check=True):
+    import os
+    import subprocess
+
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=check, env=env)
+
+
+def _one_command_each(co) -> str:
+    """The section as it was made before: one git command per answer (symbolic-ref, rev-parse @{u}, rev-list)."""
+    def out(*args):
+        proc = _git(co, *args, check=False)
+        return proc.stdout.strip("\n") if proc.returncode == 0 else ""
+    return (f"path={co}\nexists=yes\npresent=yes\nhead={out('rev-parse', '--verify', '-q', 'HEAD')}\n"
+            f"branch={out('symbolic-ref', '--short', '-q', 'HEAD')}\n"
+            f"upstream={out('rev-parse', '--abbrev-ref', '--symbolic-full-name', '@{u}')}\n"
+            f"ahead_behind={out('rev-list', '--left-right', '--count', 'HEAD...@{u}')}\n"
+            f"remote_url={out('remote', 'get-url', 'origin')}\n@@status\n"
+            f"{out('-c', 'core.quotepath=false', 'status', '--porcelain=v1')}\n@@stash\n{out('stash', 'list')}\n")
+
+
+def _section(co) -> str:
+    import os
+    import subprocess
+
+    from gpufleet import remote
+
+    script = remote.text("facts.sh") + '\ngf_checkout "$1" sgl-kernel python/sglang/kernels/aot\n'
+    proc = subprocess.run(["bash", "-c", script, "facts", str(co)], capture_output=True, text=True,
+                          env={**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def _states(tmp_path):
+    """A checkout of a bare upstream, walked through the states a host's checkout can be in."""
+    up, co = tmp_path / "up.git", tmp_path / "co"
+    _git(tmp_path, "init", "-q", "--bare", "-b", "main", str(up))
+    _git(tmp_path, "clone", "-q", str(up), str(co))
+    yield "unborn, upstream configured but empty"
+    _git(co, "commit", "-q", "--allow-empty", "-m", "one")
+    yield "unborn upstream: no remote branch yet"
+    _git(co, "push", "-q", "-u", "origin", "main")
+    yield "in step with upstream"
+    (co / "a file.py").write_text("x\n")
+    (co / "tab\there.txt").write_text("x\n")
+    yield "untracked files with awkward names"
+    _git(co, "add", "a file.py")
+    _git(co, "commit", "-q", "-m", "two")
+    yield "ahead 1"
+    other = tmp_path / "other"
+    _git(tmp_path, "clone", "-q", str(up), str(other))
+    for n in range(3):
+        _git(other, "commit", "-q", "--allow-empty", "-m", f"up {n}")
+    _git(other, "push", "-q", "origin", "main")
+    _git(co, "fetch", "-q")
+    yield "ahead 1, behind 3"
+    _git(co, "config", "status.aheadBehind", "false")
+    yield "ahead and behind, with the host's git told not to count"
+    _git(co, "reset", "-q", "--hard", "origin/main")
+    (co / "a file.py").write_text("x\n")
+    _git(co, "add", "a file.py")
+    _git(co, "mv", "a file.py", "renamed.py")
+    (co / "renamed.py").write_text("y\n")
+    _git(co, "stash", "-q")
+    (co / "renamed.py").write_text("z\n")
+    yield "a stash, an untracked file"
+    _git(co, "checkout", "-q", "--detach", "HEAD~1")
+    yield "detached"
+    _git(co, "checkout", "-q", "-b", "local")
+    yield "a branch without upstream"
+    _git(co, "branch", "-q", "--set-upstream-to", "origin/main")
+    _git(co, "push", "-q", "origin", "local:gone")
+    _git(co, "fetch", "-q")
+    _git(co, "branch", "-q", "--set-upstream-to", "origin/gone")
+    _git(co, "push", "-q", "origin", ":gone")
+    _git(co, "fetch", "-q", "--prune")
+    yield "upstream gone"
+
+
+def test_one_status_answers_what_a_command_each_did(tmp_path):
+    seen = {}
+    for state in _states(tmp_path):
+        co = tmp_path / "co"
+        new, old = parse_checkout(_section(co), "h"), parse_checkout(_one_command_each(co), "h")
+        assert new.model_dump(exclude={"kernel_dir", "kernel_name", "kernel_version"}) == old.model_dump(
+            exclude={"kernel_dir", "kernel_name", "kernel_version"}), state
+        seen[state] = (new.branch, new.upstream, new.ahead, new.behind, len(new.modified), len(new.untracked),
+                       len(new.stashes))
+    assert seen["unborn, upstream configured but empty"] == ("main", None, None, None, 0, 0, 0)
+    assert seen["in step with upstream"] == ("main", "origin/main", 0, 0, 0, 0, 0)
+    assert seen["untracked files with awkward names"] == ("main", "origin/main", 0, 0, 0, 2, 0)
+    assert seen["ahead 1, behind 3"] == seen["ahead and behind, with the host's git told not to count"] \
+        == ("main", "origin/main", 1, 3, 0, 1, 0)
+    assert seen["a stash, an untracked file"] == ("main", "origin/main", 0, 0, 0, 2, 1)
+    assert seen["detached"][:4] == (None, None, None, None)
+    assert seen["a branch without upstream"][:4] == ("local", None, None, None)
+    assert seen["upstream gone"][:4] == ("local", None, None, None)
+    assert len(seen) == 11

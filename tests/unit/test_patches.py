@@ -264,6 +264,51 @@ def test_not_a_checkout_is_an_error_not_a_crash(tmp_path, shipped):
     assert found.error == f"{tmp_path} is not a git checkout" and found.patches == []
 
 
+# ---- remembered on the host ----------------------------------------------------------------------------------------
+def test_a_judgement_is_remembered_until_something_it_reads_changes(fleet_repo, shipped, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFLEET_HOST_CACHE", str(tmp_path / "host-cache"))
+    bare, co = fleet_repo
+    first = judge(co, shipped)
+    again = judge(co, shipped)
+    assert not first.remembered and again.remembered
+    assert statuses(again) == statuses(first) and again.head == first.head and again.upstream == first.upstream
+    # the same size, a different byte: the file's mtime and ctime tell, as they tell git
+    text = (co / up.SIZES_FILE).read_text()
+    (co / up.SIZES_FILE).write_text(text.replace("12: {", "13: {", 1))
+    edited = judge(co, shipped)
+    assert not edited.remembered and edited.status("sglang", S1).status != "applied"
+    (co / up.SIZES_FILE).write_text(text)
+    assert not judge(co, shipped).remembered  # put back: new times, judged again (and remembered from then on)
+    assert judge(co, shipped).remembered
+    up.add_upstream_commit(bare, {up.SIZES_FILE: up.add_sizes_entry(SIZES)}, "upstream moves")
+    moved = judge(co, shipped)
+    assert not moved.remembered and moved.status("sglang", S1).status == "upstreamed"
+    other = [pm.Series(s.name, s.path, s.roots, s.patches[:1]) for s in shipped]  # another series: another script
+    assert not judge(co, other).remembered
+    memo = tmp_path / "host-cache" / "patch-judgements"
+    assert memo.stat().st_mode & 0o777 == 0o700 and len(list(memo.iterdir())) == 5  # one per fresh judgement
+
+
+def test_a_cache_that_cannot_be_written_only_means_judging_afresh(fleet_repo, shipped, tmp_path, monkeypatch):
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")
+    monkeypatch.setenv("GPUFLEET_HOST_CACHE", str(blocked))
+    bare, co = fleet_repo
+    first, again = judge(co, shipped), judge(co, shipped)
+    assert not first.remembered and not again.remembered and statuses(again) == statuses(first)
+
+
+def test_a_pinned_commit_the_checkout_has_is_judged_without_fetching(fleet_repo, shipped):
+    bare, co = fleet_repo
+    pin = git(co, "rev-parse", "HEAD")
+    git(co, "remote", "set-url", "origin", str(bare.parent / "gone.git"))  # a fetch would fail and say so
+    found = pm.decide("h", bash(pm.status_command(str(co), "main", shipped, target=pin[:9])).stdout, shipped)
+    assert found.upstream == pin and not found.fetch_error
+    unknown = "0" * 40
+    found = pm.decide("h", bash(pm.status_command(str(co), "main", shipped, target=unknown)).stdout, shipped)
+    assert found.fetch_error and not found.upstream  # not here: fetched (and here it fails)
+
+
 # ---- applying for roles --------------------------------------------------------------------------------------------
 def test_apply_skips_applied_applies_missing_and_is_idempotent(fleet_repo, shipped):
     bare, co = fleet_repo

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ from gpufleet.plan import PlanContext, Step, Unchanged
 from gpufleet.sim import wheels
 from gpufleet.engine.ssh import Result
 from gpufleet.roles import verify
+
+REPO = Path(__file__).resolve().parents[2]
 
 TARGET = wheels.TARGET
 
@@ -101,3 +104,41 @@ def test_missing_fp4_ops_are_listed(tmp_path):
     assert proc.returncode == 1
     assert ("stack problem: sgl-kernel 0.3.16 lacks FP4 ops: cutlass_scaled_fp4_mm, scaled_fp4_quant, "
             "scaled_fp4_experts_quant, cutlass_fp4_group_mm") in proc.stdout
+
+
+def test_a_pass_is_remembered_on_the_host_until_what_it_reads_changes(tmp_path):
+    env = {**stack_site(tmp_path), "GPUFLEET_HOST_CACHE": str(tmp_path / "host-cache")}
+    sim_bin = tmp_path / "bin"  # the stand-in nvidia-smi, answering from the same GPU file as the stand-in torch
+    sim_bin.mkdir()
+    (sim_bin / "nvidia-smi").write_text(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m "
+                                        "gpufleet.sim.nvidia_smi \"$@\"\n")
+    (sim_bin / "nvidia-smi").chmod(0o755)
+    env["PATH"] = f"{sim_bin}:{env['PATH']}"
+    summary = run_check(env, tmp_path).stdout.strip()
+    assert summary.endswith("import together")
+    again = run_check(env, tmp_path)
+    assert again.returncode == 0 and again.stdout.startswith("as checked at ") and again.stdout.strip().endswith(
+        f"(nothing it reads has changed since): {summary}")
+    assert run_check({**env, "GPUFLEET_FRESH": "1"}, tmp_path).stdout.strip() == summary  # the verify step's way
+    site = Path(env["PYTHONPATH"].split(":")[0])
+    for part in ("sgl_kernel", "sgl_kernel-0.3.16.dist-info"):  # what pip uninstall sgl-kernel does
+        shutil.rmtree(site / part)
+    gone = run_check(env, tmp_path)
+    assert gone.returncode == 1 and "import sgl_kernel failed" in gone.stdout, gone.stdout
+    assert run_check(env, tmp_path).returncode == 1  # a failure is never remembered
+    fresh = stack_site(tmp_path / "again")  # the stack back, in another place: checked afresh, then remembered
+    env["PYTHONPATH"] = fresh["PYTHONPATH"]
+    env["GPUFLEET_SIM_GPUS"] = fresh["GPUFLEET_SIM_GPUS"]
+    assert run_check(env, tmp_path).stdout.strip() == summary
+    assert run_check(env, tmp_path).stdout.startswith("as checked at ")
+    Path(env["GPUFLEET_SIM_GPUS"]).write_text(json.dumps({"fail": "driver"}))  # the driver lost the GPUs
+    lost = run_check(env, tmp_path)
+    assert lost.returncode == 1 and "torch sees no GPU" in lost.stdout, lost.stdout
+
+
+def test_without_a_writable_cache_every_check_is_fresh(tmp_path):
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    env = {**stack_site(tmp_path), "GPUFLEET_HOST_CACHE": str(blocked)}
+    first, again = run_check(env, tmp_path), run_check(env, tmp_path)
+    assert first.returncode == again.returncode == 0 and first.stdout == again.stdout

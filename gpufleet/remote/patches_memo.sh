@@ -1,0 +1,27 @@
+#!/bin/bash
+# The patch judgement remembered on the host (sent after patches_judge.sh): the same judging script (its digest, in
+# $1 of gf_memo_key), on the same files of the checkout (listed by path, type, size, mtime, ctime and inode, as git's
+# own index tells a file changed) and the same upstream commit, judged by the same git, gives the same verdicts.
+# Expects co, upstream and watched (the paths under $co the judgement reads, every root and path of every series).
+gf_memo_dir=
+if [ -n "${GPUFLEET_HOST_CACHE:-}" ]; then gf_memo_dir=$GPUFLEET_HOST_CACHE/patch-judgements
+elif [ -n "${XDG_CACHE_HOME:-}" ]; then gf_memo_dir=$XDG_CACHE_HOME/gpufleet/patch-judgements
+elif [ -n "${HOME:-}" ]; then gf_memo_dir=$HOME/.cache/gpufleet/patch-judgements
+fi
+gf_memo_key() {
+    # no upstream to judge against, or a find without -printf (not GNU): judge afresh every time
+    [ -n "$gf_memo_dir" ] && [ -n "$upstream" ] && find / -maxdepth 0 -printf '' 2>/dev/null || return 1
+    {
+        printf '%s\n' "$1" "$co" "$upstream"
+        git --version
+        find "${watched[@]/#/$co/}" -name __pycache__ -prune -o -printf '%p %y %s %T@ %C@ %i\n' 2>/dev/null
+    } | sha256sum | cut -c1-64
+}
+gf_memo_keep() {
+    # best effort: a cache that cannot be written only means judging afresh next time
+    {
+        mkdir -p -m 700 "$gf_memo_dir" && cp "$tmp/judged" "$gf_memo_dir/.$1.$$" \
+            && mv -f "$gf_memo_dir/.$1.$$" "$gf_memo_dir/$1"
+        find "$gf_memo_dir" -maxdepth 1 -type f -mtime +30 -delete
+    } 2>/dev/null || true
+}
