@@ -42,7 +42,7 @@ def upgrade(target: Target) -> int:
                    lock=target.lock, selection=target.chosen_roles,
                    snapshots_keep=target.inventory.settings.snapshots_keep,
                    reconnect_for=target.inventory.settings.reconnect_for,
-                   read_memory=readahead.Memory(cache_root() / "reads") if target.dry_run else None)
+                   read_memory=readahead.Memory(cache_root() / "reads"))
     stacks = target.stacks
     busy: dict[str, str] = {}  # host being changed -> the last line it said
 

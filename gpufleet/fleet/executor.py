@@ -114,7 +114,7 @@ class Executor:
     resolver_version: str = RESOLVER_PIP
     selection: Selection | None = None  # --only / --skip (and --force)
     snapshots_keep: int | None = None  # after a successful run that took a snapshot, keep this many (None: all)
-    read_memory: readahead.Memory | None = None  # dry runs: each host's last plan reads, asked up front
+    read_memory: readahead.Memory | None = None  # each host's last plan reads, asked up front
     _pip_wheel: Path | None = field(default=None, repr=False)
     _pip_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -350,8 +350,25 @@ class _HostRun:
                     self.say(f"could not release the lock: {exc}")
 
     def apply_roles(self) -> None:
-        facts = self.read_facts()
-        behind = self.survey(self.context(facts))
+        # Until a role has something to do, the host is as this host's last plan found it: what that plan read is
+        # asked up front, side by side in one exec (engine/readahead.py), and the facts and the roles' plans read
+        # those answers; a read not among them, and every read once a role has something to do, goes to the host.
+        memory = self.up.read_memory
+        reads = readahead.Reads(self.session, self.up.command_timeout,
+                                memory.recall(self.session.host) if memory else ())
+        if reads.remembered:
+            reads.fetch([])
+        ahead = True
+
+        def context(facts) -> PlanContext:
+            ctx = self.context(facts)
+            return replace(ctx, read=reads.read, resolver=lambda: self.resolver_now(reads)) if ahead else ctx
+
+        def remember() -> None:
+            if memory:  # what the plan read while the host was as it found it: asked up front next time
+                memory.keep(self.session.host, list(reads.used.values()))
+        facts = self.up.read_facts(reads.view())
+        behind = self.survey(context(facts))
         refused = self.refusals(behind)
         if refused:  # before anything changes
             raise RoleRefused("; ".join(refused.values()))
@@ -359,7 +376,10 @@ class _HostRun:
             changed = False
             if self.skip(role, behind):
                 continue
-            items = role.plan(self.context(facts))
+            items = role.plan(context(facts))
+            if ahead and not all(isinstance(i, Unchanged) for i in items):
+                ahead = False  # this role changes or checks the host: from here on every read goes to it
+                remember()
             if self.stage is None and not self.in_place and any(changes_venv(i) for i in items):
                 for item in items:  # its wheels first: room for them is checked before anything else is written
                     if changes_venv(item):
@@ -375,6 +395,8 @@ class _HostRun:
                     changed |= self.apply_step(item)
             if changed:  # the next role plans against the host as it is now
                 facts = self.read_facts()
+        if ahead:
+            remember()
         if self.stage is not None:
             self.finish_stage()
 

@@ -226,3 +226,48 @@ def test_report_json_shape():
     assert data["entries"][0]["commands"] == ["do one"]
     assert data["entries"][1] == {"kind": "unchanged", "role": "a", "reason": "fine", "status": "unchanged",
                                   "seconds": 0.0}
+
+
+def reader(name, word, items=None):
+    """A fake role that reads `cat WORD` on the host, then plans `items` (Unchanged by default); records answers."""
+    seen = []
+
+    def plan(ctx):
+        seen.append(ctx.read(Cmd.of("cat", word), f"read {word}").output.strip())
+        return items if items is not None else [Unchanged(name, "fine")]
+    return SimpleNamespace(name=name, plan=plan, seen=seen)
+
+
+def test_a_run_asks_what_the_hosts_last_plan_read_side_by_side_up_front(tmp_path):
+    from gpufleet.engine import readahead
+
+    memory = readahead.Memory(tmp_path / "reads")
+    answers = {"read x": (0, "ex"), "read y": (0, "why")}
+    a, b = reader("a", "x"), reader("b", "y")
+    up, _, _ = upgrade([a, b], read_memory=memory)
+    first = scripted(answers)
+    assert up.host(first, Stack()).ok
+    assert first.steps == ["lock", "read x", "read y", "audit log", "unlock"] and len(first.results) == 5
+    again = scripted(answers)
+    assert up.host(again, Stack()).ok
+    # the two reads in one exec, asked before any role planned; the roles read its answers
+    assert again.steps == ["lock", "read x", "read y", "audit log", "unlock"] and len(again.results) == 4
+    assert a.seen == ["ex", "ex"] and b.seen == ["why", "why"]
+
+
+def test_once_a_role_has_something_to_do_the_reads_after_it_go_to_the_host(tmp_path):
+    from gpufleet.engine import readahead
+
+    memory = readahead.Memory(tmp_path / "reads")
+    answers = {"read x": (0, "ex"), "read y": (0, "why")}
+    up, _, _ = upgrade([reader("a", "x"), reader("b", "y")], read_memory=memory)
+    assert up.host(scripted(answers), Stack()).ok  # a no-op run: both reads remembered
+    b = reader("b", "y")
+    up, _, _ = upgrade([reader("a", "x", [step("one")]), b], read_memory=memory)
+    session = scripted(answers)
+    assert up.host(session, Stack()).ok
+    steps = session.steps
+    # lock, the remembered reads in one exec, snapshot, one, read y, audit log, unlock
+    assert steps[:3] == ["lock", "read x", "read y"] and len(session.results) == 7
+    # b planned after a's step: its read was made again, on the host as a left it
+    assert steps[steps.index("one") + 1:] == ["read y", "audit log", "unlock"] and b.seen == ["why"]
