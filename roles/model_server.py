@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
-
 from gpufleet import remote
 from gpufleet.facts import modelfiles
 from gpufleet.kernel.buildcache import installed_record

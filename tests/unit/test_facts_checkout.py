@@ -1,7 +1,11 @@
 """The checkout section parser: states, porcelain quoting, renames, credentials in remote URLs."""
 
+import os
+import subprocess
+
 import pytest
 
+from gpufleet import remote
 from gpufleet.errors import FactError
 from gpufleet.facts import parse_checkout, redact_url, unquote_path
 
@@ -71,9 +75,6 @@ def test_unquote_plain_path_unchanged():
 
 # ---- the section's script, run on real repositories ----------------------------------------------------------------
 def _git(repo, *args, check=True):
-    import os
-    import subprocess
-
     env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=check, env=env)
@@ -93,11 +94,6 @@ def _one_command_each(co) -> str:
 
 
 def _section(co) -> str:
-    import os
-    import subprocess
-
-    from gpufleet import remote
-
     script = remote.text("facts.sh") + '\ngf_checkout "$1" sgl-kernel python/sglang/kernels/aot\n'
     proc = subprocess.run(["bash", "-c", script, "facts", str(co)], capture_output=True, text=True,
                           env={**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null"})
