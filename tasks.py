@@ -3,8 +3,9 @@ fleet files (hosts/, stack.toml, patches/, runs/, locks/) unless $GPUFLEET_DIR n
 
 from pathlib import Path
 
-from gpufleet.cli import fleetdir
+from gpufleet.cli import fleetdir, keep_bytecode_caches
 
+keep_bytecode_caches()
 fleetdir.use_default(Path(__file__).resolve().parent)
 
 from gpufleet.cli.tasks import ns  # noqa: E402

@@ -42,6 +42,11 @@ def _templates():
                               keep_trailing_newline=True, autoescape=False)
 
 
+def unit_template():
+    """The unit's compiled template."""
+    return _templates().get_template("sglang.service.j2")
+
+
 _SAFE_WORD = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
 # systemd refuses an ExecStart executable whose path holds a quote or a backslash ("Executable name contains special
 # characters"); such a venv's python is started by sh with its path as $0, never pasted into a script.
@@ -137,7 +142,7 @@ def environment(host, stack, python_version: str) -> dict[str, str]:
 def render_unit(host, stack, python_version: str) -> str:
     """The unit file's text (python_version: the venv's, e.g. "3.12")."""
     env = environment(host, stack, python_version)
-    return _templates().get_template("sglang.service.j2").render(
+    return unit_template().render(
         model=stack.model.name, service=host.service, env_file=env_path(host), timeout_start=TIMEOUT_START,
         environment=[sd_quote(f"{k}={v}", expand=False) for k, v in env.items()],
         exec_lines=[" ".join(sd_quote(w) for w in group) for group in _exec_start(exec_groups(host, stack))])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,11 +134,30 @@ def facts(target: Target) -> int:
     return exit_code(out.kind for out in outcomes)
 
 
-def _facts_and_lock(session):
-    from gpufleet.facts.gather import gather_facts
+def facts_and_lock(session):
+    """A host's facts and its lock (a Claim, or None when free), both read in one exec round trip."""
+    from gpufleet.engine.batch import run_side_by_side
+    from gpufleet.facts.gather import facts_query
     from gpufleet.fleet import hoststate
 
-    return gather_facts(session), hoststate.read_holder(session)
+    query = facts_query(session.host)
+    facts, lock = run_side_by_side(session, [(query.cmd, query.step), (hoststate.holder_cmd(), hoststate.HOLDER_STEP)])
+    if facts.exit_code is None:
+        raise UnreachableError(f"host {session.name}: connection lost during {query.step}: {facts.tail(3)}")
+    return query.parse(session.name, facts.output), hoststate.holder_of(lock.exit_code, lock.output)
+
+
+def _load_comparison() -> None:
+    """Import what compares facts with a stack (the roles, jinja2) and compile the unit's template: run in a thread
+    while the hosts answer, so that this CPU overlaps the wait instead of following it. A failure here is left to
+    the same import in the main thread to report."""
+    try:
+        from gpufleet.fleet import status  # noqa: F401
+        from gpufleet.roles import model_server
+
+        model_server.unit_template()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def held_lock(claim) -> dict | None:
@@ -159,8 +179,11 @@ def status(target: Target) -> int:
     with dial(list(target.hosts), target.inventory.settings) as dialed:
         from gpufleet.engine.runner import for_each_host  # paramiko: imported while the hosts answer the TCP handshake
 
-        outcomes = for_each_host(list(target.hosts), target.inventory, _facts_and_lock, dialed=dialed)
-    from gpufleet.fleet.status import compare, unreachable  # the roles (jinja2): once the hosts have answered
+        loading = threading.Thread(target=_load_comparison, name="gpufleet-load", daemon=True)
+        loading.start()
+        outcomes = for_each_host(list(target.hosts), target.inventory, facts_and_lock, dialed=dialed)
+        loading.join()
+    from gpufleet.fleet.status import compare, unreachable
 
     rows, locks = [], {}
     for h, out in zip(target.hosts, outcomes):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from invoke import Argument, Exit, Program
 
-from gpufleet.cli import fleetdir
+from gpufleet.cli import fleetdir, keep_bytecode_caches
 from gpufleet.cli.tasks import ns
 from gpufleet.errors import GpufleetError
 
@@ -40,13 +40,13 @@ class GpufleetProgram(Program):
 
     def parse_core(self, argv) -> None:
         super().parse_core(argv)
+        keep_bytecode_caches()  # the tasks' lazy imports come later
         fleetdir.set_explicit(self.args["fleet"].value, prog=self.binary_names[0])
         if self.args["fleet"].value:
             try:
                 fleetdir.fleet_dir()
             except GpufleetError as exc:
                 raise Exit(f"error: {exc}", code=2) from None
-
 
     def parse_tasks(self) -> None:
         # `gpufleet init DIR`: Invoke's positional arguments are required and would eat `-h`, so the task takes

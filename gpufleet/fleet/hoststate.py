@@ -111,11 +111,23 @@ def release_claim(session, run: RunInfo) -> None:
     session.run(Cmd.of("bash", "-c", remote.text("host_release.sh"), "unlock", run.token, LOCK_DIR), step="unlock")
 
 
+HOLDER_STEP = "read lock"
+
+
+def holder_cmd() -> Cmd:
+    """The read-only command printing the host's lock (exit 1 when the host is not locked)."""
+    return Cmd.of("bash", "-c", remote.text("host_claim_read.sh"), "read-lock", LOCK_DIR)
+
+
+def holder_of(exit_code: int | None, output: str) -> "Claim | None":
+    """The lock holder_cmd found, from its exit code and output; None when the host is not locked."""
+    return Claim.parse(output) if exit_code == 0 else None
+
+
 def read_claim(session) -> str | None:
     """The holder of the host's lock, described, or None when it is free (read-only)."""
-    result = session.run(Cmd.of("bash", "-c", remote.text("host_claim_read.sh"), "read-lock", LOCK_DIR),
-                         step="read lock", check=False)
-    return Claim.parse(result.output).described if result.exit_code == 0 else None
+    claim = read_holder(session)
+    return claim.described if claim else None
 
 
 def holder_values(text: str) -> dict[str, str]:
@@ -154,9 +166,8 @@ class Claim:
 
 def read_holder(session) -> Claim | None:
     """The host's lock with its holder file, or None when the host is not locked (read-only)."""
-    result = session.run(Cmd.of("bash", "-c", remote.text("host_claim_read.sh"), "read-lock", LOCK_DIR),
-                         step="read lock", check=False)
-    return Claim.parse(result.output) if result.exit_code == 0 else None
+    result = session.run(holder_cmd(), step=HOLDER_STEP, check=False)
+    return holder_of(result.exit_code, result.output)
 
 
 def _started_epoch(text: str) -> float | None:

@@ -1,5 +1,5 @@
-"""End to end: facts cost one exec channel per host over real SSH, and the venv's packages read without pip are
-exactly what the host's own `pip list` says (issue 13)."""
+"""End to end: facts cost one exec channel per host over real SSH (with the host's lock, all `inv status` reads), and
+the venv's packages read without pip are exactly what the host's own `pip list` says (issue 13)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import paramiko
 import pytest
 
+from gpufleet.cli.common import facts_and_lock
 from gpufleet.config.inventory import load_inventory
 from gpufleet.engine.runner import for_each_host
 from gpufleet.facts.gather import gather_facts
@@ -16,7 +17,11 @@ from gpufleet.facts.packages import parse_pip_editables, parse_pip_list_json
 pytestmark = pytest.mark.sim
 
 
-def test_one_exec_channel_per_host_and_pips_answer(sim_fleet, monkeypatch):
+LOCK = "/var/lib/gpufleet/lock"
+
+
+def count_channels(monkeypatch) -> list[str]:
+    """The peer address of every exec channel opened from now on."""
     opened: list[str] = []
     real = paramiko.Transport.open_session
 
@@ -25,6 +30,11 @@ def test_one_exec_channel_per_host_and_pips_answer(sim_fleet, monkeypatch):
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(paramiko.Transport, "open_session", counting)
+    return opened
+
+
+def test_one_exec_channel_per_host_and_pips_answer(sim_fleet, monkeypatch):
+    opened = count_channels(monkeypatch)
     inventory = load_inventory(sim_fleet.inventory_path)
     hosts = list(inventory.hosts.values())
     outcomes = for_each_host(hosts, inventory, gather_facts)
@@ -37,3 +47,26 @@ def test_one_exec_channel_per_host_and_pips_answer(sim_fleet, monkeypatch):
         assert out.value.editables == parse_pip_editables(pip, host.name) == {"sglang": "/root/sglang-main/python"}
         assert json.loads(pip)  # pip really answered
         assert not out.value.problems
+
+
+def test_status_reads_facts_and_the_lock_in_one_exec_channel_per_host(sim_fleet, monkeypatch):
+    inventory = load_inventory(sim_fleet.inventory_path)
+    hosts = list(inventory.hosts.values())
+    held = hosts[-1].name
+    sim_fleet.run_on(held, f"mkdir -p {LOCK} && printf 'holder=alice@ops-laptop\\npid=4242\\n"
+                           f"started=2026-12-02T10:00:00Z\\ntoken=t4242\\n' > {LOCK}/holder")
+    try:
+        opened = count_channels(monkeypatch)
+        outcomes = for_each_host(hosts, inventory, facts_and_lock)
+    finally:
+        sim_fleet.run_on(held, f"rm -rf {LOCK}")
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    assert sorted(opened) == sorted(h.address for h in hosts)  # one channel per host, nothing else
+    for host, out in zip(hosts, outcomes):
+        facts, claim = out.value
+        assert facts.gpus and facts.packages and not facts.problems, facts.problems
+        if host.name == held:
+            assert claim.values["holder"] == "alice@ops-laptop" and claim.values["pid"] == "4242"
+            assert claim.boot_now  # the host's boot id, read with it
+        else:
+            assert claim is None
