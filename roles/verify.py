@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from gpufleet.engine.command import Cmd
@@ -32,7 +33,10 @@ def check_cmd(ctx: PlanContext, *, fresh: bool = False) -> Cmd:
     """The whole-stack check: exit 0 with a one-line summary, or exit 1 with one `stack problem:` line each. A plan's
     read may be answered by the host's memo of an earlier pass (nothing it reads changed since); `fresh` never is."""
     code = remote_python("verify_check.py", "versions.py", "torch_problems.py", "stack_memo.py")
-    return Cmd.of(venv_python(ctx), "-c", code, json.dumps(expectations(ctx)), cwd="/",
+    # the check's own code is part of what the host's memo keys on: a gpufleet that checks more never reads a pass
+    # an older check remembered
+    want = {**expectations(ctx), "check": hashlib.sha256(code.encode()).hexdigest()}
+    return Cmd.of(venv_python(ctx), "-c", code, json.dumps(want), cwd="/",
                   env={"GPUFLEET_FRESH": "1"} if fresh else None)
 
 

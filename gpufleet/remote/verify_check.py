@@ -6,20 +6,23 @@ argv[1] is JSON: "packages" {distribution: wanted version}, "names" {distributio
 A pass is remembered on the host (stack_memo.py) and answered again while nothing the check reads has changed.
 """
 
-import importlib
-import importlib.metadata as md
-import json
 import sys
 
 from stack_memo import fingerprint, remember, remembered
-from torch_problems import torch_problems, torch_report
-from versions import versions_match
 
 key = fingerprint(sys.argv[1])  # before anything is imported: what the check is about to read
 earlier = remembered(key)
 if earlier:
     print(earlier)
     sys.exit(0)
+# only now: a remembered pass needs none of these (importlib.metadata alone is ~20 ms of the host's CPU)
+import importlib  # noqa: E402
+import importlib.metadata as md  # noqa: E402
+import json  # noqa: E402
+
+from torch_problems import torch_problems, torch_report  # noqa: E402
+from versions import versions_match  # noqa: E402
+
 want = json.loads(sys.argv[1])
 problems = []
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpufleet import remote
 from gpufleet.testing.context import plan_context
 from gpufleet.plan import PlanContext, Step, Unchanged
 from gpufleet.sim import wheels
@@ -134,6 +135,17 @@ def test_a_pass_is_remembered_on_the_host_until_what_it_reads_changes(tmp_path):
     Path(env["GPUFLEET_SIM_GPUS"]).write_text(json.dumps({"fail": "driver"}))  # the driver lost the GPUs
     lost = run_check(env, tmp_path)
     assert lost.returncode == 1 and "torch sees no GPU" in lost.stdout, lost.stdout
+
+
+def test_a_pass_another_version_of_the_check_remembered_is_not_answered(tmp_path, monkeypatch):
+    env = {**stack_site(tmp_path), "GPUFLEET_HOST_CACHE": str(tmp_path / "host-cache")}
+    summary = run_check(env, tmp_path).stdout.strip()
+    assert run_check(env, tmp_path).stdout.startswith("as checked at ")
+    real = remote.text
+    monkeypatch.setattr(remote, "text", lambda name: real(name) + ("\n# a gpufleet that checks one thing more\n"
+                                                                   if name == "verify_check.py" else ""))
+    assert run_check(env, tmp_path).stdout.strip() == summary  # checked afresh: no "as checked at"
+    assert run_check(env, tmp_path).stdout.startswith("as checked at ")
 
 
 def test_without_a_writable_cache_every_check_is_fresh(tmp_path):
