@@ -28,15 +28,16 @@ from gpufleet.fleet.procedures import RollProcedures
 from gpufleet.fleet.survey import LeftOut
 from gpufleet.fleet.roll import (HostResult, Roll, RollSummary, RunRecord, in_flight, mark_killed, note_doing,
                                  plan_batches, runs_dir, utc_stamp)
-from gpufleet.engine.runner import session_for
+from gpufleet.engine.runner import Opened, session_for
 
 STYLE = {"ok": "green", "unchanged": "green", "failed": "red", "rolled-back": "yellow", "rollback-failed": "bold red",
          "unreachable": "red", "hostkey": "red", "not-reached": "dim", "interrupted": "bold red", "running": "red"}
 
 
-def roll(target: Target) -> int:
+def roll(target: Target, opened: Opened | None = None) -> int:
     """Roll target.task (upgrade | deploy-model) over target.hosts in target.batches; 0 when every host ended ok or
-    unchanged. The per-host procedure is gpufleet.fleet.procedures.RollProcedures."""
+    unchanged. The per-host procedure is gpufleet.fleet.procedures.RollProcedures. opened: sessions opened ahead
+    for the survey (engine.runner.open_ahead)."""
     kind, chosen, hidden = target.task, list(target.hosts), target.hidden
     # Every part of the roll writes through this one sink, so a live view can take over all output at once.
     say = _Sink((lambda line: None) if target.json else (lambda line: emit(mask(line, hidden))))
@@ -54,7 +55,7 @@ def roll(target: Target) -> int:
     else:
         skip = set()
     run = RunInfo.current(target.command)
-    left = _survey(target, chosen, skip, set(in_flight(previous)) if previous else set(), run, say)
+    left = _survey(target, chosen, skip, set(in_flight(previous)) if previous else set(), run, say, opened)
     batches = [list(b) for b in target.batches]
     if left.hosts:
         rest = [h.name for h in chosen if h.name not in left.hosts]
@@ -126,7 +127,8 @@ def roll(target: Target) -> int:
     return roll_exit_code(summary)
 
 
-def _survey(target: Target, chosen, skip: set[str], unknown: set[str], run: RunInfo, say) -> LeftOut:
+def _survey(target: Target, chosen, skip: set[str], unknown: set[str], run: RunInfo, say,
+            opened: Opened | None = None) -> LeftOut:
     """Plan every host still to do read-only, side by side, and decide which are left out as they are (those a
     stopped roll left in flight are re-checked by the roll itself, never left out here)."""
     from gpufleet.config import lock
@@ -145,7 +147,7 @@ def _survey(target: Target, chosen, skip: set[str], unknown: set[str], run: RunI
                        lock=target.lock, selection=target.chosen_roles if target.task == "upgrade" else None,
                        read_memory=readahead.Memory(cache_root() / "reads"))
     found = survey.survey(todo, target.inventory, planner, target.stacks, secrets=target.hidden,
-                          build_keys=target.task == "upgrade")
+                          build_keys=target.task == "upgrade", opened=opened)
     left = survey.decide(target.task, [h.name for h in todo], found, given=target.lock,
                          partial=target.chosen_roles is not None, locks=lock.locks_dir(fleet_dir() / "locks"))
     if left.hosts:

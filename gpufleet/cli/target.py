@@ -135,10 +135,13 @@ def drain_choice(value) -> str | None:
 def role_selection(only: str | None, skip: str | None, force: bool) -> Selection | None:
     """--only / --skip over the upgrade roles (names as the registry gives them); --force without either is an
     error, since it has nothing to force."""
-    from gpufleet.roleapi import select
-    from gpufleet.roles import ROLES
+    if only is None and skip is None:
+        found = None  # nothing to check against the registry: the roles load later, while the hosts answer
+    else:
+        from gpufleet.roleapi import select
+        from gpufleet.roles import ROLES
 
-    found = select(ROLES, only, skip, force)
+        found = select(ROLES, only, skip, force)
     if found is None and force:
         raise ConfigError("--force", "only means something with --only or --skip (run a role although a role it "
                           "needs is left out and not on target)")

@@ -111,15 +111,27 @@ def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, ac
     deployed and proven healthy, or rolled back; the roll stops past --max-fail. The canary's proven stack is
     recorded as a fleet lock (locks/) and every later host installs exactly that set. --only/--skip run part of
     the stack (then no lock is recorded)."""
-    from gpufleet.cli import roll as roll_cmd
-    from gpufleet.cli import upgrade as upgrade_cmd
-
     target = resolve("upgrade", inventory=inventory, stack=stack, host=host, hosts=hosts, json=json,
                      accept_new_host_keys=accept_new_host_keys, dry_run=dry_run, lock=lock,
                      hf_token_file=hf_token_file, roll=_roll(canary, batch, max_fail, resume, no_rollback,
                                                              drain_timeout, on_drain_timeout, no_speed_gate),
                      parallel=parallel, chosen_roles=role_selection(only, skip, force))
-    _exit(roll_cmd.roll(target) if target.rolls else upgrade_cmd.upgrade(target))
+    with _opened_ahead(target) as opened:
+        from gpufleet.cli import roll as roll_cmd  # the roles and the roll: imported while the hosts answer
+        from gpufleet.cli import upgrade as upgrade_cmd
+
+        code = roll_cmd.roll(target, opened=opened) if target.rolls else upgrade_cmd.upgrade(target, opened=opened)
+    _exit(code)
+
+
+def _opened_ahead(target):
+    """The sessions an upgrade's first pass over its hosts takes, opened while its modules load: a roll's survey
+    (every host, with the task's secrets; none when resuming: a resumed roll surveys only some) or the upgrade's."""
+    from gpufleet.engine.runner import open_ahead  # paramiko
+
+    if target.rolls:
+        return open_ahead([] if target.resumed else list(target.hosts), target.inventory, target.hidden)
+    return open_ahead(list(target.hosts), target.inventory)
 
 
 @fleet_task(name="deploy-model", help={

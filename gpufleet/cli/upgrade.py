@@ -22,7 +22,7 @@ from gpufleet.fleet import hoststate
 from gpufleet.fleet.hoststate import RunInfo
 from gpufleet.engine.output import emit
 from gpufleet.plan import Step, brief
-from gpufleet.engine.runner import for_each_host, session_for
+from gpufleet.engine.runner import Opened, for_each_host, session_for
 
 STATUS_STYLE = {"planned": "[yellow]will change[/]", "unchanged": "[green]unchanged[/]",
                 "done-already": "[green]already done[/]", "changed": "[cyan]changed[/]",
@@ -30,8 +30,9 @@ STATUS_STYLE = {"planned": "[yellow]will change[/]", "unchanged": "[green]unchan
                 "skipped": "[dim]skipped[/]", "refused": "[bold red]refused[/]"}
 
 
-def upgrade(target: Target) -> int:
-    """Bring the selected hosts to their stack, or to a fleet lock (or show the plan); 1 when any host failed."""
+def upgrade(target: Target, opened: Opened | None = None) -> int:
+    """Bring the selected hosts to their stack, or to a fleet lock (or show the plan); 1 when any host failed.
+    opened: the hosts' sessions opened ahead (engine.runner.open_ahead)."""
     from gpufleet.roles import ROLES
 
     # With --json, stdout is the JSON document: live lines go to stderr.
@@ -64,7 +65,7 @@ def upgrade(target: Target) -> int:
     interrupts = Interrupts(tell, lambda: sorted(busy), lambda: _abandon(target, run.run, dict(busy)),
                             doing="finishing")
     with interrupts if not target.dry_run else contextlib.nullcontext():  # a dry run changes nothing: Ctrl-C stops
-        outcomes = for_each_host(list(target.hosts), target.inventory, one)
+        outcomes = for_each_host(list(target.hosts), target.inventory, one, opened=opened)
     reports = [o.value if o.ok else HostReport(o.host, target.dry_run, outcome=o.kind, error=o.error)
                for o in outcomes]
     if target.json:

@@ -50,9 +50,10 @@ def judge(name: str, report: HostReport) -> Surveyed:
 
 
 def survey(hosts: list, inventory, planner: Executor, stacks: dict, *, secrets: tuple[str, ...] = (),
-           build_keys: bool = False) -> dict[str, Surveyed]:
+           build_keys: bool = False, opened=None) -> dict[str, Surveyed]:
     """Each host planned (dry run) over its own connection, in parallel up to settings.parallelism; with
-    build_keys, the sgl-kernel build record of each host on target is read too (for a fleet lock's comparison)."""
+    build_keys, the sgl-kernel build record of each host on target is read too (for a fleet lock's comparison);
+    opened: sessions opened ahead (engine.runner.open_ahead)."""
     def one(session) -> Surveyed:
         report = planner.host(session, stacks[session.name])
         found = judge(session.name, report)
@@ -62,7 +63,7 @@ def survey(hosts: list, inventory, planner: Executor, stacks: dict, *, secrets: 
                 planner.read_memory.keep(session.host, list(report.reads.used.values()))
         return found
 
-    outcomes = for_each_host(hosts, inventory, one, secrets=secrets)
+    outcomes = for_each_host(hosts, inventory, one, secrets=secrets, opened=opened)
     return {o.host: o.value if o.ok else Surveyed(o.host, False, f"{o.kind}: {o.error.splitlines()[0]}")
             for o in outcomes}
 
