@@ -9,6 +9,7 @@ from gpufleet.engine.command import Cmd
 from gpufleet.facts.torch_report import TORCH_REPORT
 from gpufleet import roles as registry
 from gpufleet.plan import PlanContext, Step, Unchanged
+from gpufleet.remote.stack_memo import GPUS, gpu_digest
 from gpufleet.roleapi import Declares, packages
 from gpufleet.roles import torch
 from gpufleet.roles.pip import remote_python, venv_python
@@ -40,6 +41,20 @@ def check_cmd(ctx: PlanContext, *, fresh: bool = False) -> Cmd:
                   env={"GPUFLEET_FRESH": "1"} if fresh else None)
 
 
+def _summary(output: str) -> str:
+    return next((line for line in reversed(output.strip().splitlines()) if not line.startswith(GPUS)), "")
+
+
+def _other_gpus(output: str, ctx: PlanContext) -> bool:
+    """Whether the check's answer was remembered with other GPUs than the facts list (a fresh answer has no digest)."""
+    seen = next((line[len(GPUS):].strip() for line in output.splitlines() if line.startswith(GPUS)), None)
+    if seen is None:
+        return False
+    gpus = ctx.facts.gpus.gpus if ctx.facts.gpus else []
+    now = [(g.index, g.uuid, g.pci_bus_id, g.compute_capability, g.driver_version) for g in gpus]
+    return not now or seen != gpu_digest(now)
+
+
 def problems_in(output: str) -> list[str]:
     found = [line[len(PROBLEM):] for line in output.splitlines() if line.startswith(PROBLEM)]
     return found or [line for line in output.strip().splitlines()[-1:]]
@@ -52,8 +67,11 @@ def plan(ctx: PlanContext) -> list[Step | Unchanged]:
         reason = "check the whole stack once the roles above are done"
     else:
         result = ctx.read(cmd, "verify the stack")
+        if result.exit_code == 0 and _other_gpus(result.output, ctx):
+            # a pass the host remembered from other GPUs than the facts list now (its memo asks no nvidia-smi)
+            result = ctx.read(check_cmd(ctx, fresh=True), "verify the stack afresh")
         if result.exit_code == 0:
-            return [Unchanged(name, result.output.strip().splitlines()[-1])]
+            return [Unchanged(name, _summary(result.output))]
         reason = "now: " + "; ".join(problems_in(result.output))
     modules = ", ".join(i.module for role in registry.ROLES for i in role.declares.imports)
     return [Step(role=name, title=f"verify the whole stack ({modules} import together)",

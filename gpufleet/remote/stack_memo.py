@@ -2,19 +2,30 @@
 
 What it reads, as one digest: the expectations, the interpreter, every entry at the top of each import path
 (site-packages included: any pip install, uninstall or venv swap renames or adds one there), the environment that
-steers CUDA and imports, the boot, and the NVIDIA driver with its GPUs as nvidia-smi lists them. A file edited by
-hand deep inside a package is not seen until one of those changes; the verify step of a run that changed something
-always checks afresh (GPUFLEET_FRESH=1).
+steers CUDA and imports, the boot, and the NVIDIA driver's version and GPU entries. A file edited by hand deep inside
+a package is not seen until one of those changes; the verify step of a run that changed something always checks
+afresh (GPUFLEET_FRESH=1).
+
+The GPUs as nvidia-smi lists them are not asked again here (the facts read in the same plan already ask): a pass is
+kept with `@@gpus DIGEST` of the GPUs it was checked on, and the control node checks afresh when its facts list other
+GPUs (roles/verify.py; gpu_digest is the one rule for both sides). Stdlib only: shipped to hosts.
 """
 
 import hashlib
 import os
 import stat
-import subprocess
 import sys
 import time
 
 _ENV = ("CUDA", "LD_", "NVIDIA", "PYTHON", "TORCH")
+GPU_FIELDS = ("index", "uuid", "pci.bus_id", "compute_cap", "driver_version")
+GPUS = "@@gpus "  # the line a remembered pass ends with: the digest of the GPUs it was checked on
+
+
+def gpu_digest(rows):
+    """The digest of GPUs given as rows of GPU_FIELDS values (strings, as nvidia-smi prints them), in any order."""
+    lines = sorted(",".join(str(cell).strip() for cell in row) for row in rows)
+    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def memo_dir():
@@ -70,18 +81,21 @@ def fingerprint(argument):
             if name != "__pycache__":  # bytecode written by an import changes nothing the check sees
                 add(name, _stat(os.path.join(d, name)))
     add(_read("/proc/sys/kernel/random/boot_id"), _read("/proc/driver/nvidia/version"))
-    add(*_names("/proc/driver/nvidia/gpus"), *_names("/dev", "nvidia"), _gpus())
+    add(*_names("/proc/driver/nvidia/gpus"), *_names("/dev", "nvidia"))
     return h.hexdigest()
 
 
 def _gpus():
-    """The GPUs as the driver answers now (10 ms on a real H200): one that fell off the bus or failed changes it."""
+    """The digest of the GPUs as the driver answers now (10 ms on a real H200); None when nvidia-smi fails."""
+    import subprocess
+
     try:
-        proc = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,pci.bus_id,compute_cap,driver_version",
-                               "--format=csv,noheader"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return "nvidia-smi: %s" % type(exc).__name__
-    return "%d\n%s\n%s" % (proc.returncode, proc.stdout, proc.stderr)
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [line.split(",") for line in proc.stdout.splitlines() if line.strip()]
+    return gpu_digest(rows) if proc.returncode == 0 and rows else None
 
 
 def remembered(key):
@@ -94,12 +108,14 @@ def remembered(key):
 
 
 def remember(key, summary):
-    """Keep a pass (best effort: a cache that cannot be written only means checking afresh next time)."""
+    """Keep a pass with the GPUs it was checked on (best effort: a cache that cannot be written, or GPUs nvidia-smi
+    cannot list, only mean checking afresh next time)."""
     folder = memo_dir()
-    if not folder:
+    gpus = _gpus() if folder else None
+    if not gpus:
         return
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    text = "as checked at %s (nothing it reads has changed since): %s\n" % (when, summary)
+    text = "as checked at %s (nothing it reads has changed since): %s\n%s%s\n" % (when, summary, GPUS, gpus)
     temp = os.path.join(folder, ".%s.%d" % (key, os.getpid()))
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)

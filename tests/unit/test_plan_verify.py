@@ -14,6 +14,8 @@ from gpufleet.plan import PlanContext, Step, Unchanged
 from gpufleet.sim import wheels
 from gpufleet.engine.ssh import Result
 from gpufleet.roles import verify
+from gpufleet.facts.gpu import GPU_QUERY_FIELDS, GpuFacts, parse_query_gpu_csv
+from gpufleet.remote.stack_memo import GPU_FIELDS, GPUS, gpu_digest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,19 +109,26 @@ def test_missing_fp4_ops_are_listed(tmp_path):
             "scaled_fp4_experts_quant, cutlass_fp4_group_mm") in proc.stdout
 
 
-def test_a_pass_is_remembered_on_the_host_until_what_it_reads_changes(tmp_path):
-    env = {**stack_site(tmp_path), "GPUFLEET_HOST_CACHE": str(tmp_path / "host-cache")}
-    sim_bin = tmp_path / "bin"  # the stand-in nvidia-smi, answering from the same GPU file as the stand-in torch
+def with_memo(env: dict, tmp_path: Path) -> dict:
+    """env with a host cache and the stand-in nvidia-smi on PATH (answering from the same GPU file as the stand-in
+    torch): a pass is kept only with the GPUs nvidia-smi lists."""
+    sim_bin = tmp_path / "bin"
     sim_bin.mkdir()
     (sim_bin / "nvidia-smi").write_text(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m "
                                         "gpufleet.sim.nvidia_smi \"$@\"\n")
     (sim_bin / "nvidia-smi").chmod(0o755)
-    env["PATH"] = f"{sim_bin}:{env['PATH']}"
+    return {**env, "GPUFLEET_HOST_CACHE": str(tmp_path / "host-cache"), "PATH": f"{sim_bin}:{env['PATH']}"}
+
+
+def test_a_pass_is_remembered_on_the_host_until_what_it_reads_changes(tmp_path):
+    env = with_memo(stack_site(tmp_path), tmp_path)
     summary = run_check(env, tmp_path).stdout.strip()
     assert summary.endswith("import together")
     again = run_check(env, tmp_path)
-    assert again.returncode == 0 and again.stdout.startswith("as checked at ") and again.stdout.strip().endswith(
+    first, gpus = again.stdout.splitlines()
+    assert again.returncode == 0 and first.startswith("as checked at ") and first.endswith(
         f"(nothing it reads has changed since): {summary}")
+    assert gpus.startswith(GPUS) and len(gpus) == len(GPUS) + 64  # the GPUs it was checked on, for the planner
     assert run_check({**env, "GPUFLEET_FRESH": "1"}, tmp_path).stdout.strip() == summary  # the verify step's way
     site = Path(env["PYTHONPATH"].split(":")[0])
     for part in ("sgl_kernel", "sgl_kernel-0.3.16.dist-info"):  # what pip uninstall sgl-kernel does
@@ -132,13 +141,51 @@ def test_a_pass_is_remembered_on_the_host_until_what_it_reads_changes(tmp_path):
     env["GPUFLEET_SIM_GPUS"] = fresh["GPUFLEET_SIM_GPUS"]
     assert run_check(env, tmp_path).stdout.strip() == summary
     assert run_check(env, tmp_path).stdout.startswith("as checked at ")
+    kept = run_check(env, tmp_path).stdout.splitlines()
     Path(env["GPUFLEET_SIM_GPUS"]).write_text(json.dumps({"fail": "driver"}))  # the driver lost the GPUs
-    lost = run_check(env, tmp_path)
+    # the host's memo asks no nvidia-smi: it answers with the GPUs the pass was checked on, which the planner compares
+    # with its facts (test_a_remembered_pass_from_other_gpus_is_checked_afresh) and then asks afresh, as here
+    assert run_check(env, tmp_path).stdout.splitlines() == kept and kept[-1].startswith(GPUS)
+    lost = run_check({**env, "GPUFLEET_FRESH": "1"}, tmp_path)
     assert lost.returncode == 1 and "torch sees no GPU" in lost.stdout, lost.stdout
+    assert run_check(env, tmp_path).stdout.splitlines() == kept  # a failure never replaces the pass kept
+
+
+def smi(env: dict, *args: str) -> str:
+    """What the stand-in nvidia-smi answers (from the GPU file env names)."""
+    proc = subprocess.run([sys.executable, "-m", "gpufleet.sim.nvidia_smi", *args], capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": str(REPO)}, check=True)
+    return proc.stdout
+
+
+def test_a_remembered_pass_from_other_gpus_is_checked_afresh(tmp_path):
+    env = stack_site(tmp_path)
+    fields = "--query-gpu=" + ",".join(GPU_QUERY_FIELDS)
+    facts_gpus = lambda: GpuFacts(gpus=parse_query_gpu_csv(smi(env, fields, "--format=csv,noheader,nounits"),  # noqa
+                                                           "gpu1", GPU_QUERY_FIELDS), driver_version=None,
+                                  cuda_version=None)
+    # what the host's memo keeps: the digest of the GPUs as its own nvidia-smi query lists them
+    checked_on = smi(env, "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader")
+    remembered = ("as checked at 2026-12-04 10:00 UTC (nothing it reads has changed since): torch ... import together\n"
+                  f"{GPUS}{gpu_digest(line.split(',') for line in checked_on.splitlines())}\n")
+    asked = []
+
+    def probe(cmd, step):
+        asked.append((step, dict(cmd.env or ()).get("GPUFLEET_FRESH")))
+        return Result("gpu1", step, "", 0, remembered if step == "verify the stack" else "torch ... fresh\n", 0.0)
+
+    same = verify.plan(plan_context(packages={}, read=probe, gpus=facts_gpus()))
+    assert same == [Unchanged("verify", remembered.splitlines()[0])] and asked == [("verify the stack", None)]
+    asked.clear()
+    gpus = json.loads(Path(env["GPUFLEET_SIM_GPUS"]).read_text())
+    Path(env["GPUFLEET_SIM_GPUS"]).write_text(json.dumps({**gpus, "count": 7}))  # one fell off the bus
+    other = verify.plan(plan_context(packages={}, read=probe, gpus=facts_gpus()))
+    assert other == [Unchanged("verify", "torch ... fresh")]
+    assert asked == [("verify the stack", None), ("verify the stack afresh", "1")]
 
 
 def test_a_pass_another_version_of_the_check_remembered_is_not_answered(tmp_path, monkeypatch):
-    env = {**stack_site(tmp_path), "GPUFLEET_HOST_CACHE": str(tmp_path / "host-cache")}
+    env = with_memo(stack_site(tmp_path), tmp_path)
     summary = run_check(env, tmp_path).stdout.strip()
     assert run_check(env, tmp_path).stdout.startswith("as checked at ")
     real = remote.text
@@ -154,3 +201,14 @@ def test_without_a_writable_cache_every_check_is_fresh(tmp_path):
     env = {**stack_site(tmp_path), "GPUFLEET_HOST_CACHE": str(blocked)}
     first, again = run_check(env, tmp_path), run_check(env, tmp_path)
     assert first.returncode == again.returncode == 0 and first.stdout == again.stdout
+
+
+def test_the_real_h200s_gpus_digest_the_same_on_the_host_and_from_the_facts():
+    text = (REPO / "tests" / "fixtures" / "real-h200" / "query-gpu.csv").read_text()
+    header, *rows = [[cell.strip() for cell in line.split(",")] for line in text.splitlines() if line.strip()]
+    on_host = [[row[header.index(field)] for field in GPU_FIELDS] for row in rows]  # what the memo's query prints
+    facts = GpuFacts(gpus=parse_query_gpu_csv(text, "h200"), driver_version="580.159.04", cuda_version="13.0")
+    ctx = plan_context(packages={}, gpus=facts)
+    assert not verify._other_gpus(f"as checked at ...: ok\n{GPUS}{gpu_digest(on_host)}\n", ctx)
+    on_host[0][1] = "GPU-00000000-0000-0000-0000-000000000000"  # another card in its slot
+    assert verify._other_gpus(f"as checked at ...: ok\n{GPUS}{gpu_digest(on_host)}\n", ctx)
