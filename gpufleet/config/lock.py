@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
-import tomlkit
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from gpufleet.config.util import read_toml, validation_error
@@ -99,6 +98,8 @@ def load(path: str | Path) -> FleetLock:
 
 def render(found: FleetLock, note: str = "") -> str:
     """The lock as TOML, with a header saying what it is."""
+    import tomlkit  # only a canary that records a lock writes one
+
     doc = tomlkit.document()
     doc.add(tomlkit.comment("gpufleet fleet lock: the stack of a canary that passed its health gate."))
     doc.add(tomlkit.comment("`inv upgrade --lock THIS` converges hosts to it; `inv status --lock THIS` compares."))
