@@ -137,14 +137,13 @@ def facts(target: Target) -> int:
 def facts_and_lock(session):
     """A host's facts and its lock (a Claim, or None when free), both read in one exec round trip."""
     from gpufleet.engine.batch import run_side_by_side
+    from gpufleet.engine.query import answer
     from gpufleet.facts.gather import facts_query
     from gpufleet.fleet import hoststate
 
     query = facts_query(session.host)
     facts, lock = run_side_by_side(session, [(query.cmd, query.step), (hoststate.holder_cmd(), hoststate.HOLDER_STEP)])
-    if facts.exit_code is None:
-        raise UnreachableError(f"host {session.name}: connection lost during {query.step}: {facts.tail(3)}")
-    return query.parse(session.name, facts.output), hoststate.holder_of(lock.exit_code, lock.output)
+    return answer(session.name, query, facts), hoststate.holder_of(lock.exit_code, lock.output)
 
 
 def _load_comparison() -> None:

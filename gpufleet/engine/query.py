@@ -28,10 +28,15 @@ class Query(Generic[T]):
 
 def ask(session, query: Query[T]) -> T:
     """Run a query over a HostSession; a connection lost under it raises UnreachableError, not a parse error."""
-    result = session.run(query.cmd, step=query.step, check=query.check, timeout=query.timeout)
+    return answer(session.name, query, session.run(query.cmd, step=query.step, check=query.check,
+                                                   timeout=query.timeout))
+
+
+def answer(host: str, query: Query[T], result) -> T:
+    """The query's value from the engine Result of its command (run alone or side by side with others)."""
     if result.exit_code is None:
-        raise UnreachableError(f"host {session.name}: connection lost during {query.step}: {result.tail(3)}")
-    return query.parse(session.name, result.output)
+        raise UnreachableError(f"host {host}: connection lost during {query.step}: {result.tail(3)}")
+    return query.parse(host, result.output)
 
 
 def read(ctx, query: Query[T]) -> T:
