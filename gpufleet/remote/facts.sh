@@ -1,7 +1,8 @@
 #!/bin/bash
 # gpufleet facts library: the gf_* functions the facts script calls, one `gf_section NAME COMMAND ARGS...` per
-# section (gpufleet/facts/script.py appends those calls). gf_section prints `@@gpufleet-section NAME rc=N@@`, then
-# that command's output; every section runs. No arguments of its own: each function takes its values as arguments.
+# section, then `gf_sections_end` (gpufleet/facts/script.py appends those calls). Each section is printed as
+# `@@gpufleet-section NAME rc=N@@`, then that command's output; every section runs. No arguments of its own: each
+# function takes its values as arguments.
 export LC_ALL=C
 export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:${PATH:-}"
 # no optional locks: a facts read must never block or break a git command running on the box
@@ -9,14 +10,51 @@ export GIT_OPTIONAL_LOCKS=0 PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # python -m puts the working directory on sys.path: a stray *.dist-info there would show up as installed
 cd / || exit 1
 
+# The sections run side by side, each into a file of a private temporary directory, and gf_sections_end prints
+# them in the order given: a facts read takes as long as its slowest section, not as long as all of them together
+# (on an H200 box the two nvidia-smi calls, the venv's python and git take 0.02-0.03 s each). Without a temporary
+# directory (a full or read-only /tmp) they run one after another, with the same output.
+gf_side=  # that directory, made by the first gf_section; "-" when none could be made
+gf_names=()
+gf_pids=()
+
+# $1: a section's name; $2: its exit code; $3: its output (trailing newlines dropped, as $(...) drops them)
+gf_print() {
+    local out=$3
+    while [ "${out%$'\n'}" != "$out" ]; do out=${out%$'\n'}; done
+    printf '@@gpufleet-section %s rc=%d@@\n' "$1" "$2"
+    if [ -n "$out" ]; then printf '%s\n' "$out"; fi
+}
+
 gf_section() {
     local name=$1 out rc
     shift
+    if [ -z "$gf_side" ]; then
+        gf_side=$(mktemp -d "${TMPDIR:-/tmp}/gpufleet-facts.XXXXXX" 2>/dev/null) || gf_side=-
+        if [ "$gf_side" != - ]; then trap 'rm -rf -- "$gf_side"' EXIT; fi
+    fi
     # stdin from /dev/null: the script itself may be arriving on stdin (bash -s)
+    if [ "$gf_side" != - ]; then
+        "$@" >"$gf_side/${#gf_names[@]}" 2>&1 </dev/null &
+        gf_pids+=("$!")
+        gf_names+=("$name")
+        return 0
+    fi
     out=$("$@" 2>&1 </dev/null)
     rc=$?
-    printf '@@gpufleet-section %s rc=%d@@\n' "$name" "$rc"
-    if [ -n "$out" ]; then printf '%s\n' "$out"; fi
+    gf_print "$name" "$rc" "$out"
+}
+
+# print the sections started side by side, in the order they were started, each once it has ended
+gf_sections_end() {
+    local i rc out
+    for i in "${!gf_names[@]}"; do
+        wait "${gf_pids[i]}"
+        rc=$?
+        out=
+        IFS= read -r -d '' out <"$gf_side/$i"
+        gf_print "${gf_names[i]}" "$rc" "$out"
+    done
 }
 
 # a wedged driver can hang nvidia-smi for minutes; bound every command that talks to hardware or big trees

@@ -183,3 +183,61 @@ def test_unit_with_systemd(tmp_path):
                           capture_output=True, text=True, env={**os.environ, "UNIT_FILE": str(unit)}, timeout=120)
     missing = parse_facts("h", proc.stdout).unit
     assert (missing.systemd, missing.present, missing.enabled, missing.active) == (True, False, "not-found", "inactive")
+
+
+# answers --query-gpu only once the --version call (a later section) has run: sections one after another never see it
+RENDEZVOUS_SMI = """#!/bin/bash
+case "$1" in
+  --version) touch "$RENDEZVOUS"; echo "DRIVER version                     : 580.95.05"; echo "CUDA Version : 13.0" ;;
+  --query-gpu=*)
+    for _ in $(seq 100); do
+      [ -e "$RENDEZVOUS" ] && { echo "0, NVIDIA RTX PRO 6000, 12.0, 580.95.05, 97887"; exit 0; }
+      sleep 0.05
+    done
+    echo "alone: the --version section had not started"; exit 1 ;;
+esac
+"""
+
+
+def _rendezvous(tmp_path: Path) -> dict[str, str]:
+    system = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the facts script puts these first
+    if shutil.which("nvidia-smi", path=system):
+        pytest.skip("a real nvidia-smi would answer before the stand-in")
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(RENDEZVOUS_SMI)
+    fake.chmod(0o755)
+    return {"PATH": f"{os.environ['PATH']}:{fake.parent}", "RENDEZVOUS": str(tmp_path / "met")}
+
+
+def run_with(script: str, env: dict[str, str]) -> str:
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(["bash", "-s"], input=script, capture_output=True, text=True, timeout=300,
+                          env={**base, **env})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def test_sections_run_side_by_side(tmp_path):
+    env = _rendezvous(tmp_path)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = run_with(facts_script("/nonexistent", "/nonexistent", "sglang", []), {**env, "TMPDIR": str(tmp)})
+    sections = parse_sections(out)
+    query = sections["gpu-query"]
+    assert (query.rc, query.text.strip()) == (0, "0, NVIDIA RTX PRO 6000, 12.0, 580.95.05, 97887")
+    assert tuple(sections) == SECTIONS
+    assert list(tmp.iterdir()) == []  # the sections' files are gone with the script
+
+
+def test_one_after_another_without_a_temporary_directory(tmp_path, venv, checkout):
+    env = _rendezvous(tmp_path)
+    script = facts_script(str(venv), str(checkout), "sglang", [str(tmp_path)])
+    alone = parse_sections(run_with(script, {**env, "TMPDIR": str(tmp_path / "missing")}))
+    (tmp_path / "met").unlink()
+    side = parse_sections(run_with(script, env))
+    assert alone["gpu-query"].rc == 1 and alone["gpu-query"].text.startswith("alone")
+    assert side["gpu-query"].rc == 0
+    assert tuple(alone) == tuple(side) == SECTIONS
+    steady = [name for name in SECTIONS if name not in ("gpu-query", "mem", "disk")]  # free memory and disk move
+    assert {n: alone[n] for n in steady} == {n: side[n] for n in steady}
