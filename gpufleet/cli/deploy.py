@@ -14,7 +14,7 @@ from gpufleet.fleet.hoststate import RunInfo
 from gpufleet.fleet.procedures import Deployed, deploy_one
 from gpufleet.engine.output import emit
 from gpufleet.plan import Step
-from gpufleet.engine.runner import for_each_host
+from gpufleet.engine.runner import Opened, for_each_host
 from gpufleet.roles.model_server import ModelServer
 
 WORDS = {"planned": "will change", "unchanged": "unchanged", "done-already": "already done", "changed": "changed",
@@ -22,8 +22,9 @@ WORDS = {"planned": "will change", "unchanged": "unchanged", "done-already": "al
          "refused": "refused"}
 
 
-def deploy_model(target: Target) -> int:
-    """Deploy the model server on the selected hosts (or show the plan); 1 when any host failed."""
+def deploy_model(target: Target, opened: Opened | None = None) -> int:
+    """Deploy the model server on the selected hosts (or show the plan); 1 when any host failed.
+    opened: the hosts' sessions opened ahead (engine.runner.open_ahead), with the task's hidden secrets."""
     hidden = target.hidden
     # With --json, stdout is the JSON document: live lines go to stderr.
     say = ((lambda line: emit(mask(line, hidden), sys.stderr)) if target.json
@@ -36,7 +37,7 @@ def deploy_model(target: Target) -> int:
     def work(session) -> Deployed:
         return deploy_one(run, session, target.stacks[session.name], say)
 
-    outcomes = for_each_host(list(target.hosts), target.inventory, work, secrets=hidden)
+    outcomes = for_each_host(list(target.hosts), target.inventory, work, secrets=hidden, opened=opened)
     results = [o.value if o.ok else Deployed(HostReport(o.host, target.dry_run, outcome=o.kind, error=o.error))
                for o in outcomes]
     if target.json:

@@ -124,14 +124,15 @@ def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, ac
     _exit(code)
 
 
-def _opened_ahead(target):
-    """The sessions an upgrade's first pass over its hosts takes, opened while its modules load: a roll's survey
-    (every host, with the task's secrets; none when resuming: a resumed roll surveys only some) or the upgrade's."""
+def _opened_ahead(target, secrets: tuple[str, ...] = ()):
+    """The sessions a task's first pass over its hosts takes, opened while its modules load: a roll's survey (every
+    host, with the task's secrets; none when resuming: a resumed roll surveys only some) or, with the secrets that
+    pass masks (secrets), the single run's."""
     from gpufleet.engine.runner import open_ahead  # paramiko
 
     if target.rolls:
         return open_ahead([] if target.resumed else list(target.hosts), target.inventory, target.hidden)
-    return open_ahead(list(target.hosts), target.inventory)
+    return open_ahead(list(target.hosts), target.inventory, secrets)
 
 
 @fleet_task(name="deploy-model", help={
@@ -144,15 +145,17 @@ def deploy_model(c, host=None, hosts=None, inventory=None, stack=None, json=Fals
     """Install or update the SGLang unit (restart only on change), then prove /health and a smoke generation.
 
     Several hosts roll: canary first, then batches, each proven healthy (or rolled back) before the next."""
-    from gpufleet.cli import deploy as deploy_cmd
-    from gpufleet.cli import roll as roll_cmd
-
     target = resolve("deploy-model", inventory=inventory, stack=stack, host=host, hosts=hosts, json=json,
                      accept_new_host_keys=accept_new_host_keys, dry_run=dry_run, token=True,
                      hf_token_file=hf_token_file, download=download,
                      roll=_roll(canary, batch, max_fail, resume, no_rollback, drain_timeout, on_drain_timeout,
                                 no_speed_gate), parallel=parallel)
-    _exit(roll_cmd.roll(target) if target.rolls else deploy_cmd.deploy_model(target))
+    with _opened_ahead(target, target.hidden) as opened:
+        from gpufleet.cli import deploy as deploy_cmd  # the model-server role and the roll: loaded while hosts answer
+        from gpufleet.cli import roll as roll_cmd
+
+        code = roll_cmd.roll(target, opened=opened) if target.rolls else deploy_cmd.deploy_model(target, opened)
+    _exit(code)
 
 
 @fleet_task(help={**_COMMON, "snapshot": "restore this snapshot directory (default: the host's newest)",

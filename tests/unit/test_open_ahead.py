@@ -105,3 +105,19 @@ def test_only_the_first_wave_is_opened_ahead(monkeypatch):
     with runner.open_ahead(hosts("gpu1", "gpu2", "gpu3"), inventory, parallelism=2) as opened:
         runner.for_each_host(hosts("gpu1", "gpu2", "gpu3"), inventory, lambda s: None, parallelism=2, opened=opened)
     assert sorted(made) == ["gpu1", "gpu2", "gpu3"] and all(len(v) == 1 for v in made.values())
+
+
+def test_a_task_opens_ahead_what_its_first_pass_takes(monkeypatch):
+    from gpufleet.cli import tasks
+
+    asked = []
+    monkeypatch.setattr(runner, "open_ahead", lambda hosts, inventory, secrets=(): asked.append(
+        ([h.name for h in hosts], secrets)))
+    both = hosts("gpu1", "gpu2")
+    roll = SimpleNamespace(rolls=True, resumed=None, hosts=both, inventory=None, hidden=("tok",))
+    tasks._opened_ahead(roll)
+    tasks._opened_ahead(SimpleNamespace(**{**vars(roll), "resumed": object()}))  # a resumed roll surveys only some
+    single = SimpleNamespace(rolls=False, hosts=both[:1], inventory=None, hidden=("tok",))
+    tasks._opened_ahead(single)  # an upgrade's sessions mask only their own secrets
+    tasks._opened_ahead(single, single.hidden)  # deploy-model's mask the task's token too
+    assert asked == [(["gpu1", "gpu2"], ("tok",)), ([], ("tok",)), (["gpu1"], ()), (["gpu1"], ("tok",))]
