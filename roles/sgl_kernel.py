@@ -155,16 +155,17 @@ def read_source(ctx: PlanContext, found: dict[str, str]) -> Source:
 def plan(ctx: PlanContext, cache: LocalCache | None = None) -> list:
     """Unchanged when the installed wheel has the current key; else install a wheel with that key, or build one."""
     cache = cache or LocalCache()
-    source = read_source(ctx, _read_tree(ctx, full=True))
+    found = _read_tree(ctx, full=True)
+    source = read_source(ctx, found)
     built = inputs(ctx, source.tree)
     key = built.key()
-    state = _read_tree(ctx, key)
-    installed = buildcache.Record.from_json(state.get("installed", "").strip() or "null")
-    on_host = buildcache.Record.from_json(state.get("record", "").strip() or "null")
+    installed = buildcache.Record.from_json(found.get("installed", "").strip() or "null")
     version = next((v for v in map(lambda n: _package(ctx.facts, n), KERNEL_NAMES) if v), None)
     if installed and installed.key == key and version and version == _wheel_version(installed.wheel):
         return [Unchanged(name, f"sgl-kernel {version} installed from build {key[:12]} (targets "
                                 f"{','.join(installed.archs) or '?'})")]
+    # the host's record of a build with this key: asked only now, as the key needs the first read's texts
+    on_host = buildcache.Record.from_json(_read_tree(ctx, key).get("record", "").strip() or "null")
     why = (f"venv has sgl-kernel {version or 'none'}"
            + (f" from build {installed.key[:12]}" if installed else " not built by gpufleet")
            + f"; torch {built.torch}, CUDA {built.cuda}, {source.directory}/ tree {source.tree[:10]} want build "

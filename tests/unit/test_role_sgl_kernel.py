@@ -145,10 +145,11 @@ def test_unchanged_when_installed_record_has_the_key(tmp_path):
     ctx, _ = _ctx(tmp_path, packages={"torch": "2.12.0.dev20260307+cu130", "sgl_kernel": "0.3.21"})
     rec = Record(key=_key(ctx), inputs={}, wheel="/x/sgl_kernel-0.3.21-cp310-abi3-linux_x86_64.whl",
                  archs=["sm_120a"], fp4=True)
-    ctx, _ = _ctx(tmp_path / "b", installed=rec, packages={"torch": "2.12.0.dev20260307+cu130",
-                                                           "sgl_kernel": "0.3.21"})
+    ctx, seen = _ctx(tmp_path / "b", installed=rec, packages={"torch": "2.12.0.dev20260307+cu130",
+                                                              "sgl_kernel": "0.3.21"})
     [item] = sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
     assert isinstance(item, Unchanged) and "sm_120a" in item.reason
+    assert len(seen) == 1  # the probe with the texts answers the installed record: no second read for the key's
 
 
 def test_new_torch_means_a_new_build(tmp_path):
