@@ -15,7 +15,7 @@ from typing import Callable
 
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.engine.runner import for_each_host
-from gpufleet.fleet import hoststate
+from gpufleet.fleet import hoststate, runrecords
 from gpufleet.fleet.hoststate import pid_alive
 
 # Outcomes of one host in a roll.
@@ -132,8 +132,7 @@ class RunRecord:
     """runs/<stamp>/: one log per host and summary.json, written as the roll goes (a killed roll leaves a record)."""
 
     def __init__(self, runs_dir: Path, summary: RollSummary):
-        self.dir = Path(runs_dir) / summary.started
-        self.dir.mkdir(parents=True, exist_ok=False)
+        self.dir = runrecords.new_dir(Path(runs_dir), summary.started)
         self.summary = summary
         self._lock = threading.Lock()  # hosts of one batch finish in parallel threads
         self.save()
@@ -202,7 +201,7 @@ def mark_killed(folder: Path, summary: RollSummary) -> str:
 
 def last_stopped(runs_dir: Path, kind: str, inventory: str = "") -> tuple[Path, RollSummary]:
     """The newest roll of this kind over this inventory that stopped (or was killed) before its end."""
-    for path in sorted(Path(runs_dir).glob("*/summary.json"), reverse=True):
+    for path in runrecords.newest_first(runs_dir):
         data = json.loads(path.read_text())
         if data.get("kind") != kind or (inventory and data.get("inventory", "") != inventory):
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gpufleet.fleet import runrecords
 from gpufleet.fleet.router import RouterClient, RouterError, worker_url
 from gpufleet.roleapi import Cell
 
@@ -14,7 +15,7 @@ IN, DRAINED, ABSENT, UNHEALTHY = "in", "drained", "absent", "unhealthy"
 def last_roll_results(runs: Path) -> dict[str, dict]:
     """Each host's result in the newest roll record that names it (runs/<stamp>/summary.json)."""
     found: dict[str, dict] = {}
-    for path in sorted(Path(runs).glob("*/summary.json"), reverse=True):
+    for path in runrecords.newest_first(runs):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):

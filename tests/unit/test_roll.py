@@ -103,3 +103,24 @@ def test_resume_skips_completed_hosts(monkeypatch, tmp_path):
 def test_nothing_to_resume_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="no stopped `upgrade` roll"):
         last_stopped(tmp_path, "upgrade")
+
+
+def test_runs_started_in_the_same_second_each_keep_a_record(tmp_path):
+    from gpufleet.fleet.router_status import last_roll_results
+
+    # a no-op roll takes about a second: a cron and a person, or two in a row, may start in the same one
+    records = []
+    for outcome in ("stopped", "completed", "stopped"):
+        summary = _summary(HOSTS[:2], [[HOSTS[0]], [HOSTS[1]]])
+        summary.status, summary.results["gpu1"].outcome = outcome, f"ok-{len(records)}"
+        records.append(RunRecord(tmp_path, summary))
+    assert [r.dir.name for r in records] == ["20261202T000000Z", "20261202T000000Z-002", "20261202T000000Z-003"]
+    assert all(json.loads((r.dir / "summary.json").read_text())["results"][0]["outcome"] == f"ok-{i}"
+               for i, r in enumerate(records))
+    # the newest of them is the one read: what to resume, and each host's last result
+    folder, found = last_stopped(tmp_path, "upgrade")
+    assert folder == records[2].dir and found.results["gpu1"].outcome == "ok-2"
+    assert last_roll_results(tmp_path)["gpu1"]["outcome"] == "ok-2"
+    for _ in range(8):
+        RunRecord(tmp_path, _summary(HOSTS[:2], [[HOSTS[0]], [HOSTS[1]]]))
+    assert last_stopped(tmp_path, "upgrade")[0].name == "20261202T000000Z-011"  # -011 after -003 and -010
