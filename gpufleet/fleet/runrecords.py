@@ -17,7 +17,6 @@ def new_dir(parent: Path, stamp: str) -> Path:
             return path
         except FileExistsError:
             continue
-    raise AssertionError("unreachable")
 
 
 def newest_first(runs: Path) -> list[Path]:
