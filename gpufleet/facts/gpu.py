@@ -11,6 +11,8 @@ from pydantic import BaseModel
 from gpufleet.errors import FactError
 from gpufleet.facts.sections import first_line
 
+# the loaded kernel module's version text: the facts script remembers the driver's CUDA version under it
+DRIVER_MODULE_FILE = "/proc/driver/nvidia/version"
 # the facts script's `gpu-query` columns (noheader, nounits)
 GPU_QUERY_FIELDS = ("index", "name", "uuid", "pci.bus_id", "compute_cap", "driver_version", "memory.total")
 # the 6-column form `--query-gpu=index,name,compute_cap,driver_version,memory.total,memory.used` (no header)

@@ -7,7 +7,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from gpufleet import remote
 from gpufleet.facts.checkout import KERNEL_DIRS, parse_checkout
-from gpufleet.facts.gpu import GPU_QUERY_FIELDS, gpu_facts, parse_gpu_query, parse_smi_header
+from gpufleet.facts.gpu import DRIVER_MODULE_FILE, GPU_QUERY_FIELDS, gpu_facts, parse_gpu_query, parse_smi_header
 from gpufleet.facts.packages import parse_pip_editables, parse_pip_list_json
 from gpufleet.facts.system import parse_cpu_count, parse_disks, parse_mem, parse_nvcc, parse_os, parse_python_version
 from gpufleet.facts.unit import parse_unit, unit_name
@@ -56,7 +56,8 @@ FACT_SECTIONS: tuple[FactSection, ...] = (
                 lambda rows, filled: {"gpus": gpu_facts(rows, None)}),
     # without the GPU rows the header fails for the same reason: say it once
     FactSection("gpu-header", "CUDA version", ("gf_gpu_header",), parse_smi_header,
-                lambda versions, filled: {"gpus": gpu_facts(filled["gpus"].gpus, versions)}, after="gpu-query"),
+                lambda versions, filled: {"gpus": gpu_facts(filled["gpus"].gpus, versions)}, after="gpu-query",
+                args=lambda i: (DRIVER_MODULE_FILE,)),
     FactSection("os", "OS release", ("gf_os",), parse_os, into("os")),
     FactSection("cpu", "CPU count", ("nproc",), parse_cpu_count, into("cpu_count")),
     FactSection("mem", "memory", ("gf_mem",), parse_mem,

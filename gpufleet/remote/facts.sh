@@ -10,13 +10,13 @@ export GIT_OPTIONAL_LOCKS=0 PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # python -m puts the working directory on sys.path: a stray *.dist-info there would show up as installed
 cd / || exit 1
 
-# The sections run side by side, each into a file of a private temporary directory, and gf_sections_end prints
+# The sections run side by side, each into a pipe of its own (a process substitution), and gf_sections_end reads
 # them in the order given: a facts read takes as long as its slowest section, not as long as all of them together
-# (on an H200 box the two nvidia-smi calls, the venv's python and git take 0.02-0.03 s each). Without a temporary
-# directory (a full or read-only /tmp) they run one after another, with the same output.
-gf_side=  # that directory, made by the first gf_section; "-" when none could be made
+# (on an H200 box the two nvidia-smi calls, the venv's python and git take 0.02-0.03 s each). Pipes, not files: no
+# temporary directory to make and remove (two processes: 2.5 ms of the host's CPU on every read), nothing written.
+# A section with more output than a pipe holds waits for its turn to be read.
+gf_fds=()
 gf_names=()
-gf_pids=()
 
 # $1: a section's name; $2: its exit code; $3: its output (trailing newlines dropped, as $(...) drops them)
 gf_print() {
@@ -26,33 +26,29 @@ gf_print() {
     if [ -n "$out" ]; then printf '%s\n' "$out"; fi
 }
 
+# $1: the section's name; the rest: its command. The pipe carries the output, then `@@gpufleet-rc=N` (its exit code).
 gf_section() {
-    local name=$1 out rc
+    local name=$1 fd
     shift
-    if [ -z "$gf_side" ]; then
-        gf_side=$(mktemp -d "${TMPDIR:-/tmp}/gpufleet-facts.XXXXXX" 2>/dev/null) || gf_side=-
-        if [ "$gf_side" != - ]; then trap 'rm -rf -- "$gf_side"' EXIT; fi
-    fi
     # stdin from /dev/null: the script itself may be arriving on stdin (bash -s)
-    if [ "$gf_side" != - ]; then
-        "$@" >"$gf_side/${#gf_names[@]}" 2>&1 </dev/null &
-        gf_pids+=("$!")
-        gf_names+=("$name")
-        return 0
-    fi
-    out=$("$@" 2>&1 </dev/null)
-    rc=$?
-    gf_print "$name" "$rc" "$out"
+    exec {fd}< <("$@" 2>&1 </dev/null; printf '\n@@gpufleet-rc=%d' "$?")
+    gf_fds+=("$fd")
+    gf_names+=("$name")
 }
 
 # print the sections started side by side, in the order they were started, each once it has ended
 gf_sections_end() {
     local i rc out
     for i in "${!gf_names[@]}"; do
-        wait "${gf_pids[i]}"
-        rc=$?
         out=
-        IFS= read -r -d '' out <"$gf_side/$i"
+        IFS= read -r -d '' out <&"${gf_fds[i]}"
+        exec {gf_fds[i]}<&-
+        rc=${out##*$'\n'@@gpufleet-rc=}
+        case "$out" in
+            *$'\n'@@gpufleet-rc=*) out=${out%$'\n'@@gpufleet-rc=*} ;;
+            *) rc=255 ;;  # killed before it could say its exit code
+        esac
+        case "$rc" in ''|*[!0-9]*) rc=255 ;; esac
         gf_print "${gf_names[i]}" "$rc" "$out"
     done
 }
@@ -74,26 +70,76 @@ gf_nvidia_smi() {
 # $1: the comma-separated --query-gpu fields
 gf_gpu_query() { gf_nvidia_smi --query-gpu="$1" --format=csv,noheader,nounits; }
 
-# the driver's CUDA version: `--version` answers it without drawing the whole GPU and process table (plain
-# nvidia-smi: 0.10 s of CPU on an H200 box, `--version`: 0.01 s); no query form carries it
-gf_gpu_header() { gf_nvidia_smi --version; }
+# The host's cache of gpufleet's answers (as patches_memo.sh and stack_memo.py keep theirs); empty: none
+gf_cache=
+if [ -n "${GPUFLEET_HOST_CACHE:-}" ]; then gf_cache=$GPUFLEET_HOST_CACHE
+elif [ -n "${XDG_CACHE_HOME:-}" ]; then gf_cache=$XDG_CACHE_HOME/gpufleet
+elif [ -n "${HOME:-}" ]; then gf_cache=$HOME/.cache/gpufleet
+fi
+
+# The driver's CUDA version: `--version` answers it without drawing the whole GPU and process table (plain
+# nvidia-smi: 0.10 s of CPU on an H200 box, `--version`: 0.01 s); no query form carries it. It changes only with
+# the driver, so its answer is remembered under the loaded kernel module's own version text ($1:
+# /proc/driver/nvidia/version; a user-space driver that does not match the module answers nothing at all) and the
+# nvidia-smi that gave it: a status asks nvidia-smi once, not twice. Without that file, or a cache, it asks each time.
+gf_gpu_header() {
+    local module= key have= out rc smi memo=
+    { IFS= read -r -d '' module <"$1"; } 2>/dev/null
+    smi=$(command -v nvidia-smi 2>/dev/null) || smi=
+    key="nvidia-smi=$smi"$'\n'"$module"
+    if [ -n "$module" ] && [ -n "$gf_cache" ]; then
+        memo=$gf_cache/driver-cuda
+        { IFS= read -r -d '' have <"$memo"; } 2>/dev/null
+        if [ "${have%%$'\n'@@answer@@$'\n'*}" = "$key" ]; then
+            printf '%s' "${have#*$'\n'@@answer@@$'\n'}"
+            return 0
+        fi
+    fi
+    out=$(gf_nvidia_smi --version 2>&1)
+    rc=$?
+    printf '%s\n' "$out"
+    if [ "$rc" = 0 ] && [ -n "$memo" ]; then
+        # best effort: a cache that cannot be written only means asking again next time
+        { mkdir -p -m 700 "$gf_cache" && printf '%s\n@@answer@@\n%s\n' "$key" "$out" >"$memo.$$" \
+            && mv -f "$memo.$$" "$memo"; } 2>/dev/null || rm -f "$memo.$$" 2>/dev/null
+    fi
+    return "$rc"
+}
+
+# Small files are read with bash's own `read`, not cat or grep: each process a section starts costs the host about
+# a millisecond of CPU, on every status of every box.
+# $1: a file; prints its lines (a last line without a newline gets one, as cat and grep print it)
+gf_lines() {
+    local line
+    while IFS= read -r line || [ -n "$line" ]; do printf '%s\n' "$line"; done <"$1"
+}
 
 gf_os() {
-    echo "KERNEL=$(uname -r)"
-    echo "ARCH=$(uname -m)"
-    if [ -r /etc/os-release ]; then cat /etc/os-release
-    elif [ -r /usr/lib/os-release ]; then cat /usr/lib/os-release
+    local kernel arch
+    read -r kernel arch <<<"$(uname -r -m)"
+    echo "KERNEL=$kernel"
+    echo "ARCH=$arch"
+    if [ -r /etc/os-release ]; then gf_lines /etc/os-release
+    elif [ -r /usr/lib/os-release ]; then gf_lines /usr/lib/os-release
     else echo "gpufleet: no /etc/os-release"; return 1
     fi
 }
 
-gf_mem() { grep -E '^(MemTotal|MemAvailable):' /proc/meminfo; }
+gf_mem() {
+    local line
+    while IFS= read -r line; do
+        case "$line" in MemTotal:*|MemAvailable:*) printf '%s\n' "$line" ;; esac
+    done </proc/meminfo
+}
 
 gf_disk() {
     local asked at rc=0
     for asked in "$@"; do
         at=$asked
-        while [ ! -e "$at" ] && [ "$at" != / ] && [ "$at" != . ]; do at=$(dirname -- "$at"); done
+        # up to the nearest directory that exists (dirname's answer, without a process a level)
+        while [ ! -e "$at" ] && [ "$at" != / ] && [ "$at" != . ]; do
+            case "$at" in */*) at=${at%/*}; at=${at:-/} ;; *) at=. ;; esac
+        done
         echo "path=$asked"
         echo "checked=$at"
         df -PB1 -- "$at" || rc=$?
@@ -143,15 +189,22 @@ gf_git() {
 # or sglang-kernel (python/sglang/kernels/aot since then), with the version it declares (what a build installs).
 # $1: the checkout; $2...: the candidate directories in it.
 gf_kernel_dir() {
-    local co=$1 d name
+    local co=$1 d name version line
+    local name_re='^name *= *"([^"]*)"' version_re='^version *= *"([^"]*)"'
     shift
     for d in "$@"; do
-        name=$(sed -n 's/^name *= *"\([^"]*\)".*/\1/p' "$co/$d/pyproject.toml" 2>/dev/null | head -n 1)
+        [ -r "$co/$d/pyproject.toml" ] || continue
+        # the first `name = "..."` and the first `version = "..."` line, read by bash (was sed | head: four processes)
+        name= version=
+        while IFS= read -r line || [ -n "$line" ]; do
+            if [ -z "$name" ] && [[ $line =~ $name_re ]]; then name=${BASH_REMATCH[1]}; fi
+            if [ -z "$version" ] && [[ $line =~ $version_re ]]; then version=${BASH_REMATCH[1]}; fi
+        done <"$co/$d/pyproject.toml"
         case "$name" in
             sgl-kernel|sgl_kernel|sglang-kernel|sglang_kernel)
                 echo "kernel_dir=$d"
                 echo "kernel_name=$name"
-                echo "kernel_version=$(sed -n 's/^version *= *"\([^"]*\)".*/\1/p' "$co/$d/pyproject.toml" | head -n 1)"
+                echo "kernel_version=$version"
                 return 0 ;;
         esac
     done
@@ -219,17 +272,25 @@ gf_checkout() {
     gf_git "$dir" stash list
 }
 
+# One `systemctl show` for the unit file, is-enabled's and is-active's words (UnitFileState, ActiveState): each
+# systemctl costs a few ms of CPU, and three of them were a tenth of the script's.
 gf_unit() {
-    local name=$1 path=
+    local name=$1 path= enabled= active= line sum
     if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
         echo "systemd=present"
-        path=$(gf_run systemctl show -p FragmentPath --value -- "$name" 2>/dev/null)
-        echo "enabled=$(gf_run systemctl is-enabled -- "$name" 2>/dev/null)"
-        echo "active=$(gf_run systemctl is-active -- "$name" 2>/dev/null)"
+        while IFS= read -r line; do
+            case "$line" in
+                FragmentPath=*) path=${line#*=} ;;
+                UnitFileState=*) enabled=${line#*=} ;;
+                ActiveState=*) active=${line#*=} ;;
+            esac
+        done < <(gf_run systemctl show -p FragmentPath -p UnitFileState -p ActiveState -- "$name" 2>/dev/null)
+        echo "enabled=$enabled"
+        echo "active=$active"
     else
         echo "systemd=absent"
     fi
     if [ -z "$path" ] && [ -f "/etc/systemd/system/$name" ]; then path=/etc/systemd/system/$name; fi
     echo "path=$path"
-    if [ -n "$path" ] && [ -f "$path" ]; then echo "sha256=$(sha256sum < "$path" | cut -d ' ' -f 1)"; fi
+    if [ -n "$path" ] && [ -f "$path" ]; then sum=$(sha256sum <"$path") && echo "sha256=${sum%% *}"; fi
 }

@@ -144,11 +144,20 @@ def test_venv_without_pip_lists_distributions(tmp_path):
 
 
 FAKE_SYSTEMCTL = """#!/bin/bash
-# stand-in systemctl: knows one unit, whose file is $UNIT_FILE
+# stand-in systemctl: knows one unit, whose file is $UNIT_FILE; `show` answers as systemd 252 does (every property
+# asked, in systemd's own order; a unit it does not know has an empty file and state, and is inactive)
 case "$1" in
-  show) [ "${@: -1}" = demo.service ] && echo "$UNIT_FILE" ;;
-  is-enabled) [ "${@: -1}" = demo.service ] && echo enabled || { echo "Failed to get unit file state" >&2; exit 1; } ;;
-  is-active) [ "${@: -1}" = demo.service ] && echo active || { echo inactive; exit 3; } ;;
+  show)
+    [ "${@: -1}" = demo.service ] && known=1 || known=
+    for p in ActiveState FragmentPath UnitFileState; do
+      case " $* " in *" -p $p "*) ;; *) continue ;; esac
+      case "$p,$known" in
+        ActiveState,1) echo ActiveState=active ;; ActiveState,) echo ActiveState=inactive ;;
+        FragmentPath,1) echo "FragmentPath=$UNIT_FILE" ;; FragmentPath,) echo FragmentPath= ;;
+        UnitFileState,1) echo UnitFileState=enabled ;; UnitFileState,) echo UnitFileState= ;;
+      esac
+    done ;;
+  *) echo "stand-in systemctl: only show" >&2; exit 1 ;;
 esac
 """
 
@@ -230,14 +239,110 @@ def test_sections_run_side_by_side(tmp_path):
     assert list(tmp.iterdir()) == []  # the sections' files are gone with the script
 
 
-def test_one_after_another_without_a_temporary_directory(tmp_path, venv, checkout):
+def test_side_by_side_where_nothing_can_be_written(tmp_path, venv, checkout):
+    """Pipes, not files: a missing TMPDIR changes nothing, and two reads give the same sections."""
     env = _rendezvous(tmp_path)
     script = facts_script(str(venv), str(checkout), "sglang", [str(tmp_path)])
-    alone = parse_sections(run_with(script, {**env, "TMPDIR": str(tmp_path / "missing")}))
-    (tmp_path / "met").unlink()
-    side = parse_sections(run_with(script, env))
-    assert alone["gpu-query"].rc == 1 and alone["gpu-query"].text.startswith("alone")
-    assert side["gpu-query"].rc == 0
-    assert tuple(alone) == tuple(side) == SECTIONS
-    steady = [name for name in SECTIONS if name not in ("gpu-query", "mem", "disk")]  # free memory and disk move
-    assert {n: alone[n] for n in steady} == {n: side[n] for n in steady}
+    first = parse_sections(run_with(script, {**env, "TMPDIR": str(tmp_path / "missing")}))
+    second = parse_sections(run_with(script, env))
+    assert first["gpu-query"].rc == second["gpu-query"].rc == 0
+    assert tuple(first) == tuple(second) == SECTIONS
+    steady = [name for name in SECTIONS if name not in ("mem", "disk")]  # free memory and disk move
+    assert {n: first[n] for n in steady} == {n: second[n] for n in steady}
+
+
+def _sections(calls: str) -> dict:
+    from gpufleet import remote
+
+    return parse_sections(run_script(remote.text("facts.sh") + calls + "\ngf_sections_end\n"))
+
+
+def test_a_section_larger_than_a_pipe_holds_waits_its_turn():
+    out = _sections("gf_section big bash -c 'head -c 300000 /dev/zero | tr \"\\0\" x; echo; exit 3'\n"
+                    "gf_section small echo hi\n"
+                    "gf_section empty true\n")
+    assert list(out) == ["big", "small", "empty"]
+    assert (out["big"].rc, out["big"].text.strip()) == (3, "x" * 300000)
+    assert (out["small"].rc, out["small"].text.strip()) == (0, "hi")
+    assert (out["empty"].rc, out["empty"].text.strip()) == (0, "")
+
+
+def test_a_section_killed_before_its_exit_code_is_255():
+    out = _sections("gf_section dead eval 'echo partial; kill -9 $BASHPID'\ngf_section after echo fine\n")
+    assert (out["dead"].rc, out["dead"].text.strip()) == (255, "partial")
+    assert (out["after"].rc, out["after"].text.strip()) == (0, "fine")
+
+
+def test_output_ending_like_an_exit_code_is_kept():
+    out = _sections("gf_section tricky printf 'a\\n@@gpufleet-rc=7\\nb'\n")
+    assert (out["tricky"].rc, out["tricky"].text.rstrip("\n")) == (0, "a\n@@gpufleet-rc=7\nb")
+
+
+# a stand-in nvidia-smi that counts its --version calls in $SMI_CALLS and answers as driver 580 does
+COUNTING_SMI = """#!/bin/bash
+case "$1" in
+  --version) echo version >> "$SMI_CALLS"; [ -n "$SMI_FAIL" ] && { echo "NVIDIA-SMI has failed"; exit 9; }
+             printf 'NVIDIA-SMI version  : 580.95.05\\nDRIVER version      : 580.95.05\\nCUDA Version        : %s\\n' "$CUDA" ;;
+  --query-gpu=*) echo "0, NVIDIA RTX PRO 6000, GPU-1, 00000000:01:00.0, 12.0, 580.95.05, 97887" ;;
+esac
+"""
+
+
+@pytest.fixture
+def counting_smi(tmp_path) -> dict:
+    system = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    if shutil.which("nvidia-smi", path=system):
+        pytest.skip("a real nvidia-smi would answer before the stand-in")
+    fake = tmp_path / "smi" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(COUNTING_SMI)
+    fake.chmod(0o755)
+    module = tmp_path / "nvidia-version"
+    module.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build\n"
+                      "GCC version:  gcc version 12.3.0\n")
+    return {"PATH": f"{os.environ['PATH']}:{fake.parent}", "SMI_CALLS": str(tmp_path / "calls"), "CUDA": "13.0",
+            "GPUFLEET_HOST_CACHE": str(tmp_path / "cache"), "module": str(module)}
+
+
+def _header(env: dict) -> tuple[str, int]:
+    """The parsed CUDA version, and how many times nvidia-smi --version has been asked so far."""
+    script = facts_script("/nonexistent", "/nonexistent", "sglang", []).replace(
+        "gf_gpu_header /proc/driver/nvidia/version", f"gf_gpu_header {env['module']}")
+    out = run_with(script, {k: v for k, v in env.items() if k != "module"})
+    calls = Path(env["SMI_CALLS"])
+    return parse_facts("h", out).gpus.cuda_version, len(calls.read_text().splitlines()) if calls.exists() else 0
+
+
+def test_cuda_version_is_asked_once_per_driver(counting_smi):
+    env = counting_smi
+    assert _header(env) == ("13.0", 1)
+    env["CUDA"] = "99.9"  # what a fresh ask would say: the remembered answer is given instead
+    assert _header(env) == ("13.0", 1)
+    assert _header(env) == ("13.0", 1)
+    Path(env["module"]).write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  590.10  Release Build\n")
+    assert _header(env) == ("99.9", 2)  # another driver loaded: asked afresh
+    assert _header(env) == ("99.9", 2)
+    assert oct(Path(env["GPUFLEET_HOST_CACHE"]).stat().st_mode & 0o777) == "0o700"
+    assert [p.name for p in Path(env["GPUFLEET_HOST_CACHE"]).iterdir()] == ["driver-cuda"]
+
+
+def test_cuda_version_is_asked_each_time_without_the_module_file(counting_smi):
+    env = {**counting_smi, "module": "/nonexistent/nvidia/version"}
+    assert _header(env) == ("13.0", 1)
+    assert _header(env) == ("13.0", 2)
+    assert not Path(env["GPUFLEET_HOST_CACHE"]).exists()
+
+
+def test_a_failed_or_unkept_answer_is_not_remembered(counting_smi, tmp_path):
+    env = {**counting_smi, "SMI_FAIL": "1"}
+    script = facts_script("/nonexistent", "/nonexistent", "sglang", []).replace(
+        "/proc/driver/nvidia/version", env["module"])
+    failed = parse_sections(run_with(script, {k: v for k, v in env.items() if k != "module"}))["gpu-header"]
+    assert (failed.rc, failed.text.strip()) == (9, "NVIDIA-SMI has failed")
+    assert not Path(env["GPUFLEET_HOST_CACHE"]).exists()
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")
+    env = {**counting_smi, "GPUFLEET_HOST_CACHE": str(blocked / "cache")}  # cannot be made: asked every time
+    assert _header(env)[0] == "13.0"
+    assert _header(env)[0] == "13.0"
+    assert len(Path(env["SMI_CALLS"]).read_text().splitlines()) == 3
