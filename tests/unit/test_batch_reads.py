@@ -70,3 +70,26 @@ def test_reads_too_long_for_one_command_line_go_in_several_batches():
     reads = [(Cmd.of("bash", "-c", f": {big}; echo {n}"), str(n)) for n in range(3)]
     got = batch.run_side_by_side(session, reads)
     assert [r.output.strip() for r in got] == ["0", "1", "2"] and len(session.results) == 3
+
+
+def test_a_read_runs_as_its_own_command_would():
+    """Each read runs in a subshell of the batch (no second bash): its `exit` ends only itself, it sees no arguments
+    and no stdin of the batch's, and a read killed by a signal says so as a shell would (128 + 9)."""
+    session = LocalSession()
+    reads = [(Cmd.of("exit", "4"), "exits"),
+             (Cmd.of("bash", "-c", 'echo "$# ${1:-none}"'), "arguments"),
+             (Cmd.of("eval", 'echo "$# ${1:-none}"'), "the batch's arguments"),
+             (Cmd.of("cat"), "stdin"),
+             (Cmd.of("eval", "echo partial; kill -9 $BASHPID"), "killed"),
+             (Cmd.of("echo", "after"), "after")]
+    got = batch.run_side_by_side(session, reads)
+    assert [(r.exit_code, r.output) for r in got] == [
+        (4, ""), (0, "0 none\n"), (0, "0 none\n"), (0, ""), (137, "partial\n"), (0, "after\n")]
+    assert len(session.results) == 1
+
+
+def test_a_read_larger_than_a_pipe_holds():
+    session = LocalSession()
+    reads = [(Cmd.of("bash", "-c", "head -c 200000 /dev/zero | tr '\\0' y"), "big"), (Cmd.of("echo", "small"), "s")]
+    got = batch.run_side_by_side(session, reads)
+    assert got[0].output == "y" * 200000 + "\n" and got[1].output == "small\n"
