@@ -216,11 +216,11 @@ class SimFleet:
         sh("ip", "-n", self.host(name).netns, "link", "set", "eth0", "up" if up else "down")
 
     def set_gpus(self, name: str, **overrides) -> None:
-        """Change what the host's nvidia-smi reports (count, compute_cap, fail, ...)."""
+        """Change what the host's nvidia-smi reports (count, compute_cap, fail, ...), and its driver's version file."""
         path = self.host_root(name) / "etc/gpufleet-sim/gpus.json"
         data = json.loads(path.read_text())
         data.update(overrides)
-        path.write_text(json.dumps(data))
+        _write_gpus(self.host_root(name), data)
 
     def set_build_seconds(self, name: str, seconds: int | None) -> None:
         """Make the host's sgl-kernel builds last `seconds` more (the stand-in CMake sleeps while configuring: see the
@@ -414,8 +414,12 @@ class SimFleet:
         smi = root / "usr/bin/nvidia-smi"
         shutil.copy(nvidia_smi.__file__, smi)
         smi.chmod(0o755)
-        (root / "etc/gpufleet-sim").mkdir(parents=True, exist_ok=True)
-        (root / "etc/gpufleet-sim/gpus.json").write_text(json.dumps(BLACKWELL))
+        _write_gpus(root, BLACKWELL)
+        # the stand-in driver's /proc/driver: a directory of the root bound there at boot, before sshd starts
+        (root / f"etc/systemd/system/{DRIVER_UNIT}").write_text(DRIVER_UNIT_TEXT)
+        wants = root / "etc/systemd/system/sysinit.target.wants"
+        wants.mkdir(parents=True, exist_ok=True)
+        (wants / DRIVER_UNIT).symlink_to(f"/etc/systemd/system/{DRIVER_UNIT}")
 
     @staticmethod
     def _add_model_dir(root: Path) -> None:
@@ -509,8 +513,7 @@ class SimFleet:
         # sudo warns on every call when the host cannot resolve its own name
         hosts = root / "etc/hosts"
         hosts.write_text(hosts.read_text() + f"127.0.1.1 {host.name}\n")
-        gpus = dict(BLACKWELL, uuid_seed=host.name)
-        (root / "etc/gpufleet-sim/gpus.json").write_text(json.dumps(gpus))
+        _write_gpus(root, dict(BLACKWELL, uuid_seed=host.name))
 
     def _shutdown(self, host: SimHost) -> None:
         system.stop_pid(host.pid, NSPAWN_MARKER)
@@ -549,6 +552,34 @@ _TEMPLATE_SCRIPT = """
 {venv}/bin/pip install -q --no-index --find-links {wheels} --disable-pip-version-check \
     --no-build-isolation --no-deps -e {checkout}/python
 """
+
+DRIVER_UNIT = "gpufleet-sim-driver.service"
+# /proc/driver/nvidia/version exists while a real driver is loaded (the facts script keys the driver's CUDA version
+# on it); this kernel has none, so each host binds a directory of its own root over /proc/driver
+DRIVER_UNIT_TEXT = """[Unit]
+Description=The simulated NVIDIA driver's /proc/driver (gpufleet sim)
+DefaultDependencies=no
+Before=sysinit.target ssh.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/mount --bind /etc/gpufleet-sim/driver /proc/driver
+"""
+
+
+def _write_gpus(root: Path, gpus: dict) -> None:
+    """The stand-in nvidia-smi's config in a host's root, and the driver version file that goes with it."""
+    conf = root / "etc/gpufleet-sim"
+    (conf / "driver/nvidia").mkdir(parents=True, exist_ok=True)
+    (conf / "gpus.json").write_text(json.dumps(gpus))
+    text = nvidia_smi.module_text({**nvidia_smi.DEFAULTS, **gpus})
+    version = conf / "driver/nvidia/version"
+    if text is None:
+        version.unlink(missing_ok=True)
+    else:
+        version.write_text(text)
+
 
 _USERS_SCRIPT = """
 for u in {users}; do

@@ -437,6 +437,15 @@ def select(all_gpus: list[dict], ids: str | None) -> list[dict] | None:
     return chosen
 
 
+def module_text(cfg: dict) -> str | None:
+    """What the driver's /proc/driver/nvidia/version says for this config, in driver 580's form (as on the real H200:
+    tests/fixtures/real-h200/system.txt); None while it `fail`s, as with no kernel module loaded."""
+    if cfg.get("fail"):
+        return None
+    return (f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {cfg['driver']}  Release Build  "
+            f"(gpufleet-sim, CUDA {cfg['cuda']})  \nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14) \n")
+
+
 def run(argv: list[str]) -> tuple[str, int]:
     cfg = load_config()
     opts = parse_args(argv)

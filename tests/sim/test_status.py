@@ -54,6 +54,27 @@ def test_facts_of_one_host(sim_fleet):
     assert facts["problems"] == []
 
 
+def test_the_drivers_cuda_version_is_remembered_until_the_driver_changes(sim_fleet):
+    """The host keeps nvidia-smi --version's answer under /proc/driver/nvidia/version (the stand-in driver's file);
+    another driver loaded is asked afresh, and a CUDA version kept by hand is used while the driver is the same."""
+    def cuda(host: str) -> str:
+        proc, facts = inv_json("facts", "--host", host, "--inventory", str(sim_fleet.inventory_path))
+        assert proc.returncode == 0, proc.stderr
+        return facts["gpus"]["cuda_version"]
+
+    memo = sim_fleet.host_root("gpu2") / "root/.cache/gpufleet/driver-cuda"
+    assert cuda("gpu2") == "13.0"
+    assert "CUDA Version        : 13.0" in memo.read_text()
+    memo.write_text(memo.read_text().replace("CUDA Version        : 13.0", "CUDA Version        : 13.7"))
+    assert cuda("gpu2") == "13.7"  # the remembered answer, not a second nvidia-smi
+    sim_fleet.set_gpus("gpu2", driver="590.44.01", cuda="13.1")
+    try:
+        assert cuda("gpu2") == "13.1"
+    finally:
+        sim_fleet.set_gpus("gpu2", driver="580.95.05", cuda="13.0")
+    assert cuda("gpu2") == "13.0"
+
+
 def test_unreachable_host_does_not_stop_the_others(sim_fleet, tmp_path):
     path = write_inventory(sim_fleet, tmp_path / "hosts.toml", ["gpu1", "gpu3"], connect_timeout=2)
     sim_fleet.set_link("gpu3", up=False)

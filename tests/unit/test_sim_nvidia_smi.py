@@ -216,3 +216,14 @@ def test_the_script_runs_standalone_with_the_stdlib_only(gpus):
     assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 2
     failing = subprocess.run([sys.executable, nvidia_smi.__file__, "--bogus"], env=env, capture_output=True, text=True)
     assert failing.returncode == 2
+
+
+def test_driver_version_file_has_the_real_drivers_shape():
+    """The stand-in driver's /proc/driver/nvidia/version: the real H200's two lines, the driver version in its place."""
+    real = next(p for p in (REAL / "system.txt").read_text().split("---\n") if p.startswith("NVRM"))
+    sim = nvidia_smi.module_text(H200)
+    shape = re.compile(r"^NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  (\S+)  Release Build  \(.*\)  \n"
+                       r"GCC version:  gcc version .* \n$")
+    assert shape.match(real)[1] == shape.match(sim)[1] == "580.159.04"
+    assert nvidia_smi.module_text({**H200, "cuda": "13.1"}) != sim  # another CUDA is another driver build
+    assert nvidia_smi.module_text({**H200, "fail": "driver"}) is None  # no module loaded
