@@ -29,7 +29,8 @@ class BatchCmd(Cmd):
 def batch_cmd(reads: Sequence[tuple[Cmd, str]]) -> BatchCmd:
     """One command running all of the (cmd, step) reads side by side (all of one `login` kind: one wire form)."""
     cmds = [c for c, _ in reads]
-    return BatchCmd(("bash", "-c", remote.text("read_batch.sh"), "read-batch", *(c.render() for c in cmds)),
+    script = remote.text("side_by_side.sh") + remote.text("read_batch.sh")
+    return BatchCmd(("bash", "-c", script, "read-batch", *(c.render() for c in cmds)),
                     login=cmds[0].login, reads=tuple(reads))
 
 

@@ -22,4 +22,5 @@ def facts_script(venv: str, checkout: str, service: str, paths: list[str]) -> st
     """
     inputs = FactInputs(venv, checkout, service, list(paths))
     calls = [shlex.join(["gf_section", s.name, *s.run, *s.args(inputs)]) for s in FACT_SECTIONS if s.run]
-    return remote.text("facts.sh") + "\n".join(calls) + "\ngf_sections_end\nexit 0\n"
+    library = remote.text("side_by_side.sh") + remote.text("facts.sh")
+    return library + "\n".join(calls) + "\ngf_sections_end\nexit 0\n"

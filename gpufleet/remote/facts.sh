@@ -1,8 +1,8 @@
 #!/bin/bash
-# gpufleet facts library: the gf_* functions the facts script calls, one `gf_section NAME COMMAND ARGS...` per
-# section, then `gf_sections_end` (gpufleet/facts/script.py appends those calls). Each section is printed as
-# `@@gpufleet-section NAME rc=N@@`, then that command's output; every section runs. No arguments of its own: each
-# function takes its values as arguments.
+# gpufleet facts library (sent after side_by_side.sh): the gf_* functions the facts script calls, one
+# `gf_section NAME COMMAND ARGS...` per section, then `gf_sections_end` (gpufleet/facts/script.py appends those
+# calls). Each section is printed as `@@gpufleet-section NAME rc=N@@`, then that command's output; every section
+# runs. No arguments of its own: each function takes its values as arguments.
 export LC_ALL=C
 export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:${PATH:-}"
 # no optional locks: a facts read must never block or break a git command running on the box
@@ -10,46 +10,30 @@ export GIT_OPTIONAL_LOCKS=0 PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # python -m puts the working directory on sys.path: a stray *.dist-info there would show up as installed
 cd / || exit 1
 
-# The sections run side by side, each into a pipe of its own (a process substitution), and gf_sections_end reads
-# them in the order given: a facts read takes as long as its slowest section, not as long as all of them together
-# (on an H200 box the two nvidia-smi calls, the venv's python and git take 0.02-0.03 s each). Pipes, not files: no
-# temporary directory to make and remove (two processes: 2.5 ms of the host's CPU on every read), nothing written.
-# A section with more output than a pipe holds waits for its turn to be read.
-gf_fds=()
+# The sections run side by side (side_by_side.sh, sent ahead of this file), and gf_sections_end prints them in the
+# order given: a facts read takes as long as its slowest section, not as long as all of them together (on an H200
+# box nvidia-smi, the venv's python and git take 0.02-0.03 s each).
 gf_names=()
 
-# $1: a section's name; $2: its exit code; $3: its output (trailing newlines dropped, as $(...) drops them)
+# $1: a section's name; $2: its exit code; $3: its output
 gf_print() {
-    local out=$3
-    while [ "${out%$'\n'}" != "$out" ]; do out=${out%$'\n'}; done
     printf '@@gpufleet-section %s rc=%d@@\n' "$1" "$2"
-    if [ -n "$out" ]; then printf '%s\n' "$out"; fi
+    if [ -n "$3" ]; then printf '%s\n' "$3"; fi
 }
 
-# $1: the section's name; the rest: its command. The pipe carries the output, then `@@gpufleet-rc=N` (its exit code).
+# $1: the section's name; the rest: its command
 gf_section() {
-    local name=$1 fd
+    gf_names+=("$1")
     shift
-    # stdin from /dev/null: the script itself may be arriving on stdin (bash -s)
-    exec {fd}< <("$@" 2>&1 </dev/null; printf '\n@@gpufleet-rc=%d' "$?")
-    gf_fds+=("$fd")
-    gf_names+=("$name")
+    gf_start "$@"
 }
 
 # print the sections started side by side, in the order they were started, each once it has ended
 gf_sections_end() {
-    local i rc out
+    local i
     for i in "${!gf_names[@]}"; do
-        out=
-        IFS= read -r -d '' out <&"${gf_fds[i]}"
-        exec {gf_fds[i]}<&-
-        rc=${out##*$'\n'@@gpufleet-rc=}
-        case "$out" in
-            *$'\n'@@gpufleet-rc=*) out=${out%$'\n'@@gpufleet-rc=*} ;;
-            *) rc=255 ;;  # killed before it could say its exit code
-        esac
-        case "$rc" in ''|*[!0-9]*) rc=255 ;; esac
-        gf_print "${gf_names[i]}" "$rc" "$out"
+        gf_collect "$i"
+        gf_print "${gf_names[i]}" "$gf_rc" "$gf_out"
     done
 }
 

@@ -254,7 +254,8 @@ def test_side_by_side_where_nothing_can_be_written(tmp_path, venv, checkout):
 def _sections(calls: str) -> dict:
     from gpufleet import remote
 
-    return parse_sections(run_script(remote.text("facts.sh") + calls + "\ngf_sections_end\n"))
+    library = remote.text("side_by_side.sh") + remote.text("facts.sh")
+    return parse_sections(run_script(library + calls + "\ngf_sections_end\n"))
 
 
 def test_a_section_larger_than_a_pipe_holds_waits_its_turn():
