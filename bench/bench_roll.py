@@ -58,7 +58,7 @@ def inv(args: list[str], env: dict) -> tuple[float, subprocess.CompletedProcess,
     load0, t0 = os.getloadavg()[0], time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), *args, "--json"], capture_output=True,
                           text=True, env={**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
-                                          **env})
+                                          **env}, cwd=REPO)  # `python -m` imports from the working directory first
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"bench: `inv {' '.join(args)}` exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"

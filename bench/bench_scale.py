@@ -74,7 +74,8 @@ def run_status(inventory: Path) -> tuple[float, float, int]:
                "sys.stderr.write(p.stderr[-1500:] if p.returncode not in (0, 1) else '')")
     out = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "invoke", "-r", str(REPO), "status",
                           "--json", "--inventory", str(inventory)], capture_output=True, text=True,
-                         env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+                         cwd=REPO)  # `python -m` imports from the working directory first: this checkout's gpufleet
     wall, cpu, rss, code = out.stdout.split()
     if code not in ("0", "1"):
         raise SystemExit(f"bench: inv status exited {code}: {out.stderr}")

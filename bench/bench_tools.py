@@ -8,6 +8,9 @@ no-op `inv upgrade --hosts all` on the converged fleet against `inv status`. Tea
 
 Run as root from the checkout, on a private fleet:
   GPUFLEET_SIM_PREFIX=gfb GPUFLEET_SIM_SUBNET=10.240.0 python3 bench/bench_tools.py --hosts 8 [--runs 5] [--upgrade]
+Every gpufleet it times is this checkout's (the tools run from it: `python -m invoke` puts the working directory
+first on sys.path). To compare two commits, run each one's bench/bench_tools.py (a `git worktree` for the other),
+with no PYTHONPATH, on the same --reuse fleet.
 """
 
 from __future__ import annotations
@@ -193,6 +196,11 @@ def main() -> None:
     parser.add_argument("--upgrade", action="store_true", help="also a no-op `inv upgrade --hosts all` vs status")
     parser.add_argument("--only", help="comma-separated substrings of the rows to run")
     args = parser.parse_args()
+    if args.reuse:
+        args.reuse = args.reuse.resolve()
+    # `python -m invoke -r REPO` imports gpufleet from the working directory before REPO: run every tool from REPO,
+    # or a bench of another commit's checkout would time this directory's code
+    os.chdir(REPO)
     fleet, work = SimFleet(), Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
     inventory = args.reuse or work / "inventory.toml"
     if not args.reuse:
