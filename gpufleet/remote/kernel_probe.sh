@@ -8,16 +8,25 @@ co=$1 full=$2 installed=$3 record=$4
 shift 4
 export GIT_OPTIONAL_LOCKS=0  # a read never rewrites the checkout's index (it may belong to another user)
 g() { git -c safe.directory='*' -C "$co" "$@"; }
+# $1: a file; its whole text, as cat prints it (bash's own read: no process)
+gf_cat() { local text=; IFS= read -r -d '' text <"$1"; printf '%s' "$text"; }
+name_re='^name *= *"([^"]*)"'
 for d in "$@"; do
-    name=$(g show "HEAD:$d/pyproject.toml" 2>/dev/null | sed -n 's/^name *= *"\([^"]*\)".*/\1/p' | head -n 1)
+    # the pyproject at HEAD, read once (its name line found by bash, not sed | head); kept byte for byte
+    pyproject=
+    IFS= read -r -d '' pyproject < <(g show "HEAD:$d/pyproject.toml" 2>/dev/null)
+    name=
+    while IFS= read -r line; do
+        if [[ $line =~ $name_re ]]; then name=${BASH_REMATCH[1]}; break; fi
+    done <<<"$pyproject"
     case "$name" in sgl-kernel|sgl_kernel|sglang-kernel|sglang_kernel) ;; *) continue ;; esac
     echo "@@dir $d"
     echo "@@tree $(g rev-parse "HEAD:$d" 2>/dev/null)"
     if [ -n "$full" ]; then
-        echo "@@pyproject"; g show "HEAD:$d/pyproject.toml"; echo
+        echo "@@pyproject"; printf '%s' "$pyproject"; echo
         echo "@@cmake"; g show "HEAD:$d/CMakeLists.txt" 2>/dev/null; echo
     fi
     break
 done
-echo "@@installed"; cat -- "$installed" 2>/dev/null; echo; echo "@@record"; cat -- "$record" 2>/dev/null; echo
+echo "@@installed"; gf_cat "$installed" 2>/dev/null; echo; echo "@@record"; gf_cat "$record" 2>/dev/null; echo
 echo "@@end"

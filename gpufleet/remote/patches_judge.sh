@@ -10,8 +10,11 @@ export GIT_TERMINAL_PROMPT=0 GIT_SSH_COMMAND="${GIT_SSH_COMMAND:-ssh -o BatchMod
 echo "@@head $(g rev-parse -q --verify HEAD)"
 gf_fetch() {
     local out rc
-    out=$(timeout 300 git -c safe.directory='*' -C "$co" fetch -q origin "+refs/heads/$1:$ref" 2>&1); rc=$?
-    echo "@@fetch rc=$rc $(printf %s "$out" | tr '\n' ' ' | cut -c1-300)"
+    # a read runs no repository maintenance (git's own `maintenance run --auto` after a fetch; gc.auto before 2.29)
+    out=$(timeout 300 git -c safe.directory='*' -c maintenance.auto=false -c gc.auto=0 -C "$co" \
+        fetch -q origin "+refs/heads/$1:$ref" 2>&1); rc=$?
+    out=${out//$'\n'/ }
+    echo "@@fetch rc=$rc ${out:0:300}"
 }
 gf_copy() {
     gf_has "$1" "$3" || return 0

@@ -9,13 +9,15 @@ elif [ -n "${XDG_CACHE_HOME:-}" ]; then gf_memo_dir=$XDG_CACHE_HOME/gpufleet/pat
 elif [ -n "${HOME:-}" ]; then gf_memo_dir=$HOME/.cache/gpufleet/patch-judgements
 fi
 gf_memo_key() {
+    local sum
     # no upstream to judge against, or a find without -printf (not GNU): judge afresh every time
     [ -n "$gf_memo_dir" ] && [ -n "$upstream" ] && find / -maxdepth 0 -printf '' 2>/dev/null || return 1
-    {
+    sum=$({
         printf '%s\n' "$1" "$co" "$upstream"
         git --version
         find "${watched[@]/#/$co/}" -name __pycache__ -prune -o -printf '%p %y %s %T@ %C@ %i\n' 2>/dev/null
-    } | sha256sum | cut -c1-64
+    } | sha256sum) || return 1
+    printf '%s\n' "${sum:0:64}"
 }
 gf_memo_keep() {
     # best effort: a cache that cannot be written only means judging afresh next time

@@ -200,3 +200,60 @@ def test_kernel_tree_builds_from_heads_tree_and_never_writes_the_checkout(tmp_pa
     moved = _kernel_tree(*args[:2], "0" * 40, *args[3:], env=env)
     assert moved.returncode == 1 and "moved since the plan" in moved.stdout
     assert _every_file(co) == before and not canary.exists()
+
+
+def _run_remote(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", remote.text(name), name, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_kernel_probe_gives_heads_texts_and_the_records_byte_for_byte(tmp_path):
+    """kernel_probe.sh, for real on a git checkout: the first candidate whose pyproject names sgl-kernel, its tree,
+    its pyproject and CMakeLists at HEAD exactly as git holds them (odd trailing newlines kept), both records."""
+    co = tmp_path / "co"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", "-C", str(co)]
+    (co / "old").mkdir(parents=True)
+    (co / "old/pyproject.toml").write_text('[project]\nname = "something-else"\n')
+    kernel = co / "python/sglang/kernels/aot"
+    kernel.mkdir(parents=True)
+    pyproject = '[build-system]\nrequires = ["x"]\n\n[project]\nname = "sglang-kernel"\nversion = "0.4.0"\n\n\n'
+    (kernel / "pyproject.toml").write_text(pyproject)
+    (kernel / "CMakeLists.txt").write_text("project(x)")  # no newline at the end
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    (kernel / "pyproject.toml").write_text("edited, not committed\n")
+    tree = subprocess.run([*git, "rev-parse", "HEAD:python/sglang/kernels/aot"], capture_output=True,
+                          text=True).stdout.strip()
+    installed, record = tmp_path / "installed.json", tmp_path / "record.json"
+    installed.write_text('{"key": "k1"}\n')
+    record.write_text('{"key": "k1",\n "wheel": "w"}')
+    proc = _run_remote("kernel_probe.sh", str(co), "1", str(installed), str(record), "old", "sgl-kernel",
+                       "python/sglang/kernels/aot")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (f"@@dir python/sglang/kernels/aot\n@@tree {tree}\n@@pyproject\n{pyproject}\n"
+                           f"@@cmake\nproject(x)\n@@installed\n{installed.read_text()}\n"
+                           f"@@record\n{record.read_text()}\n@@end\n")
+    brief = _run_remote("kernel_probe.sh", str(co), "", str(tmp_path / "none"), str(record), "old", "sgl-kernel")
+    assert brief.stdout == f"@@installed\n\n@@record\n{record.read_text()}\n@@end\n"
+
+
+def test_server_state_reads_the_files_as_they_are(tmp_path):
+    import hashlib
+
+    unit, env, record, kernel = (tmp_path / n for n in ("u.service", "sglang.env", "rec.json", "kernel.json"))
+    unit.write_text("[Service]\nExecStart=/bin/true\n\n")
+    env.write_text("A=1\n")
+    env.chmod(0o640)
+    record.write_text('{\n "stack": "x"\n}\n')
+    kernel.write_text('{"key": "k"}')
+    proc = _run_remote("server_state.sh", str(unit), str(env), str(record), str(kernel), "gpufleet-none.service")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split("\n@@unit present\n")
+    head = dict(line.split("=", 1) for line in lines[0].splitlines() if not line.startswith("need_reload="))
+    assert head == {"env_sha": hashlib.sha256(b"A=1\n").hexdigest(), "env_mode": "640",
+                    "kernel_sha": hashlib.sha256(b'{"key": "k"}').hexdigest(), "record": '{ "stack": "x"}'}
+    assert lines[1] == unit.read_text()
+    for p in (unit, env, record, kernel):
+        p.unlink()
+    gone = _run_remote("server_state.sh", str(unit), str(env), str(record), str(kernel), "gpufleet-none.service")
+    assert [line for line in gone.stdout.splitlines() if not line.startswith("need_reload=")] == ["@@unit absent"]
