@@ -217,10 +217,8 @@ class SimFleet:
 
     def set_gpus(self, name: str, **overrides) -> None:
         """Change what the host's nvidia-smi reports (count, compute_cap, fail, ...), and its driver's version file."""
-        path = self.host_root(name) / "etc/gpufleet-sim/gpus.json"
-        data = json.loads(path.read_text())
-        data.update(overrides)
-        _write_gpus(self.host_root(name), data)
+        root = self.host_root(name)
+        _write_gpus(root, {**json.loads((root / "etc/gpufleet-sim/gpus.json").read_text()), **overrides})
 
     def set_build_seconds(self, name: str, seconds: int | None) -> None:
         """Make the host's sgl-kernel builds last `seconds` more (the stand-in CMake sleeps while configuring: see the
