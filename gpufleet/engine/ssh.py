@@ -19,7 +19,7 @@ from fabric import Config, Connection
 from gpufleet.engine import become as become_mod
 from gpufleet.engine import openssh
 from gpufleet.engine.command import Cmd, mask
-from gpufleet.engine.dial import Dialed
+from gpufleet.engine.dial import Dialed, no_delay
 from gpufleet.errors import ConnectionLost, GpufleetError, HostKeyError, RemoteCommandError, UnreachableError
 from gpufleet.engine.output import HostLines
 
@@ -212,6 +212,7 @@ class HostSession:
             raise UnreachableError(f"host {self.name} ({self.host.address}): cannot connect: "
                                    f"{exc or type(exc).__name__}") from None
         self.conn = conn
+        no_delay(getattr(conn.transport, "sock", None))  # a socket paramiko dialled itself (dial.py sets its own)
         if self.link is None:
             try:
                 self.link = LinkTimes.scaled(self.settings, measure_round_trip(conn.transport))

@@ -128,6 +128,8 @@ class Relay:
             except OSError:
                 return
             client.settimeout(None)
+            # forward each chunk as it comes, as a router would: Nagle here would add stalls no WAN link has
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._track(client)
             try:
                 upstream = socket.create_connection(self.target, timeout=10)
@@ -135,6 +137,7 @@ class Relay:
                 _shutdown(client)
                 continue
             upstream.settimeout(None)
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._track(upstream)
             self.connections += 1
             link = _Link(client, upstream)

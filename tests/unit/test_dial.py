@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from gpufleet.config.inventory import GpuExpectation, Host, Settings
-from gpufleet.engine.dial import Early, dial
+from gpufleet.engine.dial import Early, dial, no_delay
 from gpufleet.engine.ssh import HostSession
 from gpufleet.errors import UnreachableError
 
@@ -139,3 +139,20 @@ def test_a_refused_host_gets_paramikos_own_error_naming_host_and_port(tmp_path):
     with dial([host], settings) as dialed:
         early = _open_error(HostSession(host, settings, dialed=dialed))
     assert early == plain and f"port {host.port}" in early and "gpu1" in early
+
+
+def test_a_dialled_socket_sends_each_packet_at_once(listener):
+    """TCP_NODELAY: with Nagle on, each SSH command after a session's first waited for the host's delayed ACK."""
+    early = Early("127.0.0.1", listener.port, 5)
+    early.dial()
+    try:
+        assert early.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        early.sock.close()
+
+
+def test_no_delay_leaves_what_is_no_tcp_socket_alone():
+    a, b = socket.socketpair()
+    with a, b:
+        no_delay(a)  # a unix socket (as a ProxyCommand's pipe would be) has no such option: no error
+    no_delay(None)  # a jump host's channel: paramiko's transport has no socket at all
