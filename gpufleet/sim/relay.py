@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 
+from gpufleet.engine.dial import no_delay
 from gpufleet.sim.layout import CONTROL_ADDR, SUBNET
 
 # One read is one "segment": about an Ethernet MSS, so loss hits a bulk transfer about as often as it would on a wire.
@@ -129,7 +130,7 @@ class Relay:
                 return
             client.settimeout(None)
             # forward each chunk as it comes, as a router would: Nagle here would add stalls no WAN link has
-            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            no_delay(client)
             self._track(client)
             try:
                 upstream = socket.create_connection(self.target, timeout=10)
@@ -137,7 +138,7 @@ class Relay:
                 _shutdown(client)
                 continue
             upstream.settimeout(None)
-            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            no_delay(upstream)
             self._track(upstream)
             self.connections += 1
             link = _Link(client, upstream)
