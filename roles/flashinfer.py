@@ -10,7 +10,7 @@ from gpufleet.wheels.fetch import wheel_filename
 from gpufleet.plan import PlanContext, Step, Unchanged, Upload
 from gpufleet.remote.versions import versions_match
 from gpufleet.roleapi import Declares, Import, Package
-from gpufleet.roles.pip import (WHEEL_DIR, installed_packages, needs_versions, pushed_install, remote_python,
+from gpufleet.roles.pip import (WHEEL_DIR, installed_packages, needs_versions, pushed_install,
                                 venv_python, wanted_by)
 
 name = "flashinfer"
@@ -45,7 +45,7 @@ def targets(stack) -> dict[str, str]:
 
 def rules_cmd(ctx: PlanContext) -> Cmd:
     """The version rules (cubin == python, jit-cache public == python, all as pinned), then import flashinfer."""
-    return Cmd.of(venv_python(ctx), "-c", remote_python("flashinfer_check.py", "versions.py"),
+    return Cmd.of(venv_python(ctx), "-c", remote.program("flashinfer_check.py", "versions.py"),
                   json.dumps(targets(ctx.stack)), cwd="/")
 
 

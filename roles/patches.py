@@ -229,8 +229,8 @@ def _remembered(judging: list[str], watched: list[str]) -> list[str]:
     digest = hashlib.sha256((_LIBRARY + body).encode()).hexdigest()
     return [_array("watched", sorted(set(watched))),
             f"key=$(gf_memo_key {digest}) || key=",
-            'if [ -n "$key" ] && [ -f "$gf_memo_dir/$key" ]; then cat -- "$gf_memo_dir/$key"; echo "@@memo $key"; '
-            'exit 0; fi',
+            'if [ -n "$key" ] && [ -f "$gf_memo_dir/$key" ]; then gf_memo_print "$key"; exit 0; fi',
+            "gf_tmp",
             "{\n" + body + '\n} > "$tmp/judged"',
             'cat -- "$tmp/judged"',
             '[ -z "$key" ] || gf_memo_keep "$key"']
@@ -422,7 +422,7 @@ def decide(host: str, text: str, series: list[Series]) -> HostPatches:
 def _series_blocks(series: list[Series], per_patch) -> list[str]:
     """Write each patch to the temporary directory, find its series' root in the checkout, then run per_patch."""
     q = shlex.quote
-    lines = ['mkdir -p "$tmp/p"']
+    lines = ["gf_tmp", 'mkdir -p "$tmp/p"']
     for s_index, s in enumerate(series):
         if not s.patches:
             continue

@@ -19,33 +19,6 @@ def venv_python(ctx: PlanContext) -> str:
     return f"{ctx.host.venv}/bin/python"
 
 
-# What a remote_python program starts with: the shipped modules, each compiled only when first imported (a check
-# answered from its memo imports none of them; compiling them all costs a few ms of the host's CPU every time).
-_SHIPPED = """import sys
-class _Shipped:
-    sources = %r
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if name in cls.sources:
-            from importlib.machinery import ModuleSpec
-            return ModuleSpec(name, cls)
-    @staticmethod
-    def create_module(spec):
-        return None
-    @classmethod
-    def exec_module(cls, module):
-        exec(compile(cls.sources[module.__name__], module.__name__ + ".py", "exec"), module.__dict__)
-sys.meta_path.insert(0, _Shipped)
-"""
-
-
-def remote_python(main: str, *modules: str) -> str:
-    """A `python -c` program: gpufleet/remote/<main>, with each of `modules` (gpufleet/remote/ files) importable
-    under its own name, as when the files run side by side (the unit tests run them so)."""
-    sources = {file.removesuffix(".py"): remote.text(file) for file in modules}
-    return (_SHIPPED % (sources,) if sources else "") + remote.text(main)
-
-
 def url_part(url: str) -> Part:
     """An index URL as a command argument; one carrying credentials is masked in every display."""
     parts = urlsplit(url)
@@ -73,7 +46,7 @@ def install_cmd(ctx: PlanContext, requirements: list[str], *, index_url: str | N
 def needs_versions(ctx: PlanContext, pins: dict[str, str]) -> Cmd:
     """A `needed` check: exit 0 while any of the pinned distributions differs, exit 1 once all match."""
     wanted = {name: normalized(version) for name, version in pins.items()}
-    return Cmd.of(venv_python(ctx), "-c", remote_python("needs_versions.py", "versions.py"),
+    return Cmd.of(venv_python(ctx), "-c", remote.program("needs_versions.py", "versions.py"),
                   json.dumps(wanted, sort_keys=True), cwd="/")
 
 

@@ -6,12 +6,13 @@ import json
 import re
 from urllib.parse import urlsplit
 
+from gpufleet import remote
 from gpufleet.engine.command import Cmd
 from gpufleet.facts.torch_report import TORCH_REPORT
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
 from gpufleet.remote.versions import versions_match
 from gpufleet.roleapi import Declares, Import, Package
-from gpufleet.roles.pip import (installed_packages, needs_versions, normalized, pushed_install, remote_python,
+from gpufleet.roles.pip import (installed_packages, needs_versions, normalized, pushed_install,
                                 venv_python, wanted_by)
 
 name = "torch"
@@ -51,7 +52,7 @@ def expectations(ctx: PlanContext) -> dict:
 
 def check_cmd(ctx: PlanContext) -> Cmd:
     """TORCH_REPORT in the venv, then a comparison that names whatever differs (exit 1)."""
-    code = remote_python("torch_check.py", "versions.py", "torch_problems.py")
+    code = remote.program("torch_check.py", "versions.py", "torch_problems.py")
     want = {**expectations(ctx), "probe": TORCH_REPORT}
     return Cmd.of(venv_python(ctx), "-c", code, json.dumps(want, sort_keys=True), cwd="/")
 

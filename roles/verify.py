@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from gpufleet import remote
 from gpufleet.engine.command import Cmd
 from gpufleet.facts.torch_report import TORCH_REPORT
 from gpufleet import roles as registry
@@ -12,7 +13,7 @@ from gpufleet.plan import PlanContext, Step, Unchanged
 from gpufleet.remote.stack_memo import GPUS, gpu_digest
 from gpufleet.roleapi import Declares, packages
 from gpufleet.roles import torch
-from gpufleet.roles.pip import remote_python, venv_python
+from gpufleet.roles.pip import venv_python
 
 name = "verify"
 declares = Declares(needs=("*",))  # it checks what the others declare: all of them
@@ -33,11 +34,12 @@ def expectations(ctx: PlanContext) -> dict:
 def check_cmd(ctx: PlanContext, *, fresh: bool = False) -> Cmd:
     """The whole-stack check: exit 0 with a one-line summary, or exit 1 with one `stack problem:` line each. A plan's
     read may be answered by the host's memo of an earlier pass (nothing it reads changed since); `fresh` never is."""
-    code = remote_python("verify_check.py", "versions.py", "torch_problems.py", "stack_memo.py")
+    code = remote.program("verify_check.py", "versions.py", "torch_problems.py", "stack_memo.py", "light_site.py")
     # the check's own code is part of what the host's memo keys on: a gpufleet that checks more never reads a pass
     # an older check remembered
     want = {**expectations(ctx), "check": hashlib.sha256(code.encode()).hexdigest()}
-    return Cmd.of(venv_python(ctx), "-c", code, json.dumps(want), cwd="/",
+    # -S: a remembered pass is read without the .pth files' import lines (light_site.py), a fresh check runs them
+    return Cmd.of(venv_python(ctx), "-S", "-c", code, json.dumps(want), cwd="/",
                   env={"GPUFLEET_FRESH": "1"} if fresh else None)
 
 

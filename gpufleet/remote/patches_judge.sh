@@ -3,8 +3,6 @@
 # `@@fetch rc=N ...` (gf_fetch BRANCH), and per patch and tree `@@judge TREE SERIES PATCH fwd=N rev=N root=R`,
 # git apply's complaints as `|` lines, and `@@file pre|post PATH` + base64 of the files an effect check reads.
 # Expects co, ref (and upref) set; per series roots, probe, paths; per patch effect.
-# git apply runs on copies under $tmp: never let it find a repository above them
-export GIT_CEILING_DIRECTORIES=$tmp
 # a status probe must never wait for a password or a host-key prompt
 export GIT_TERMINAL_PROMPT=0 GIT_SSH_COMMAND="${GIT_SSH_COMMAND:-ssh -o BatchMode=yes}"
 echo "@@head $(g rev-parse -q --verify HEAD)"

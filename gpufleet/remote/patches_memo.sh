@@ -9,15 +9,19 @@ elif [ -n "${XDG_CACHE_HOME:-}" ]; then gf_memo_dir=$XDG_CACHE_HOME/gpufleet/pat
 elif [ -n "${HOME:-}" ]; then gf_memo_dir=$HOME/.cache/gpufleet/patch-judgements
 fi
 gf_memo_key() {
-    local sum
-    # no upstream to judge against, or a find without -printf (not GNU): judge afresh every time
-    [ -n "$gf_memo_dir" ] && [ -n "$upstream" ] && find / -maxdepth 0 -printf '' 2>/dev/null || return 1
-    sum=$({
-        printf '%s\n' "$1" "$co" "$upstream"
-        git --version
-        find "${watched[@]/#/$co/}" -name __pycache__ -prune -o -printf '%p %y %s %T@ %C@ %i\n' 2>/dev/null
-    } | sha256sum) || return 1
+    local sum listing
+    [ -n "$gf_memo_dir" ] && [ -n "$upstream" ] || return 1  # no upstream to judge against: judge afresh every time
+    listing=$(find "${watched[@]/#/$co/}" -name __pycache__ -prune -o -printf '%p %y %s %T@ %C@ %i\n' 2>/dev/null)
+    # nothing listed: none of the paths is there, or a find without -printf (not GNU): judge afresh every time
+    [ -n "$listing" ] || return 1
+    sum=$({ printf '%s\n' "$1" "$co" "$upstream" "$listing"; git --version; } | sha256sum) || return 1
     printf '%s\n' "${sum:0:64}"
+}
+gf_memo_print() {
+    local text=
+    IFS= read -r -d '' text <"$gf_memo_dir/$1"  # a bash builtin: no `cat` process
+    printf '%s' "$text"
+    echo "@@memo $1"
 }
 gf_memo_keep() {
     # best effort: a cache that cannot be written only means judging afresh next time

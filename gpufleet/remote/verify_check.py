@@ -8,13 +8,16 @@ A pass is remembered on the host (stack_memo.py) and answered again while nothin
 
 import sys
 
+import light_site
 from stack_memo import fingerprint, remember, remembered
 
+light_site.begin()  # run with -S: sys.path as at a normal start, no .pth import lines run yet (light_site.py)
 key = fingerprint(sys.argv[1])  # before anything is imported: what the check is about to read
 earlier = remembered(key)
 if earlier:
     print(earlier)
     sys.exit(0)
+light_site.finish()  # the check imports the stack as sglang does: with every .pth import line run
 # only now: a remembered pass needs none of these (importlib.metadata alone is ~20 ms of the host's CPU)
 import importlib  # noqa: E402
 import importlib.metadata as md  # noqa: E402

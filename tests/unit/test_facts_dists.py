@@ -136,6 +136,14 @@ def test_first_on_sys_path_wins(tmp_path):
     assert json.loads(read(venv)[1]) == [{"name": "dup", "version": "1.0"}]
 
 
+def editable_finder(site: Path, runs: Path) -> None:
+    """A .pth import line as setuptools' editable install writes one: it installs a finder and appends a placeholder
+    path entry (naming no directory); each run appends to `runs`."""
+    (site / "_gf_finder.py").write_text(f"import sys\ndef install():\n    open({str(runs)!r}, 'a').write('ran\\n')\n"
+                                        "    sys.path.append('__editable__.ed_pkg-0.1.finder.__path_hook__')\n")
+    (site / "__editable___ed_pkg_0_1_finder.pth").write_text("import _gf_finder; _gf_finder.install()\n")
+
+
 def test_same_answer_as_this_machines_pip(tmp_path):
     """The oracle: pip itself, run in a venv holding the edge cases (pip's own dist-info listed too)."""
     venv = tmp_path / "venv"
@@ -148,6 +156,7 @@ def test_same_answer_as_this_machines_pip(tmp_path):
               direct_url_json='{"url": "file:///srv/my%20proj", "dir_info": {"editable": true}}')
     dist_info(site, "~orch-1.0.dist-info", "torch", "1.0")
     (site / "filepkg-3.0.egg-info").write_text("Metadata-Version: 1.1\nName: filepkg\nVersion: 3.0\n")
+    editable_finder(site, tmp_path / "pth-runs")
     pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=json",
                           "--disable-pip-version-check"], cwd="/", capture_output=True, text=True, check=True,
                          env=CLEAN_ENV)

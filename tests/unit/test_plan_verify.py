@@ -71,9 +71,9 @@ def stack_site(tmp_path: Path, *, torch: str = TARGET["torch"], kernel_torch: st
     return {"PYTHONPATH": str(site), "GPUFLEET_SIM_GPUS": str(gpus), "PATH": "/usr/bin:/bin"}
 
 
-def run_check(env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    _, dash_c, code, arg = verify.check_cmd(ctx()).argv
-    return subprocess.run([sys.executable, dash_c, code, arg], env=env, cwd=cwd, capture_output=True, text=True)
+def run_check(env: dict, cwd: Path, python: str = sys.executable) -> subprocess.CompletedProcess:
+    _, *flags, code, arg = verify.check_cmd(ctx()).argv
+    return subprocess.run([python, *flags, code, arg], env=env, cwd=cwd, capture_output=True, text=True)
 
 
 def test_target_stack_imports_together(tmp_path):
@@ -212,3 +212,50 @@ def test_the_real_h200s_gpus_digest_the_same_on_the_host_and_from_the_facts():
     assert not verify._other_gpus(f"as checked at ...: ok\n{GPUS}{gpu_digest(on_host)}\n", ctx)
     on_host[0][1] = "GPU-00000000-0000-0000-0000-000000000000"  # another card in its slot
     assert verify._other_gpus(f"as checked at ...: ok\n{GPUS}{gpu_digest(on_host)}\n", ctx)
+
+
+def editable_venv(tmp_path: Path, env: dict) -> tuple[str, Path]:
+    """A venv whose sgl_kernel is importable only through a .pth import line's finder (as setuptools' editable
+    install makes one), and the file that line appends to each time it runs."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    source = tmp_path / "checkout"
+    shutil.move(Path(env["PYTHONPATH"]) / "sgl_kernel", source / "sgl_kernel")  # its dist-info stays on the path
+    runs = tmp_path / "pth-runs"
+    (site / "_gf_editable_finder.py").write_text(f"""import sys
+from importlib.machinery import PathFinder
+class Finder:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        return PathFinder.find_spec(name, [{str(source)!r}]) if name == "sgl_kernel" else None
+def install():
+    open({str(runs)!r}, "a").write("ran\\n")
+    sys.meta_path.append(Finder)
+    sys.path.append("__editable__.sgl_kernel.finder.__path_hook__")
+""")
+    (site / "__editable___sgl_kernel_finder.pth").write_text(
+        "import _gf_editable_finder; _gf_editable_finder.install()\n")
+    return str(venv / "bin" / "python"), runs
+
+
+def test_a_remembered_pass_runs_no_pth_import_line_and_a_fresh_check_runs_them(tmp_path):
+    env = with_memo(stack_site(tmp_path), tmp_path)
+    python, runs = editable_venv(tmp_path, env)
+    first = run_check(env, tmp_path, python)
+    assert first.returncode == 0 and first.stdout.strip().endswith("import together"), first.stdout + first.stderr
+    fresh = runs.read_text().count("ran")  # the check, and the torch report it starts, ran the line
+    assert fresh >= 1
+    again = run_check(env, tmp_path, python)
+    assert again.stdout.startswith("as checked at ") and runs.read_text().count("ran") == fresh
+    (tmp_path / "host-cache").rename(tmp_path / "forgotten")
+    assert run_check(env, tmp_path, python).returncode == 0 and runs.read_text().count("ran") == 2 * fresh
+
+
+def test_without_the_pth_import_line_sgl_kernel_is_missing(tmp_path):
+    """The oracle for the test above: the finder is what makes sgl_kernel importable there."""
+    env = with_memo(stack_site(tmp_path), tmp_path)
+    python, _ = editable_venv(tmp_path, env)
+    next(Path(python).parents[1].glob("lib/python*/site-packages/*.pth")).unlink()
+    proc = run_check(env, tmp_path, python)
+    assert proc.returncode == 1 and "sgl_kernel" in proc.stdout, proc.stdout + proc.stderr

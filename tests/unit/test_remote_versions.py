@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet import remote
 from gpufleet.remote import versions
 from gpufleet.remote.versions import covers, versions_match
-from gpufleet.roles.pip import remote_python
 
 REMOTE = Path(versions.__file__).parent
 NIGHTLY = "2.12.0.dev20260307"
@@ -51,7 +51,7 @@ def run_file(file: str, env: dict, *args: str) -> subprocess.CompletedProcess:
 
 def run_shipped(file: str, modules: tuple[str, ...], env: dict, *args: str) -> subprocess.CompletedProcess:
     """The file as a host gets it: one `python -c` program with its modules inside."""
-    return subprocess.run([sys.executable, "-c", remote_python(file, *modules), *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-c", remote.program(file, *modules), *args], env=env, capture_output=True,
                           text=True, cwd="/")
 
 

@@ -110,8 +110,8 @@ def run_check(tmp_path: Path, deep_ep: str) -> subprocess.CompletedProcess:
     (site / f"deep_ep-{deep_ep}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: deep-ep\n"
                                                                     f"Version: {deep_ep}\n")
     (site / "deep_ep.py").write_text(f"__version__ = {deep_ep!r}\n")
-    _, dash_c, code, arg = verify.check_cmd(ctx({})).argv
-    return subprocess.run([sys.executable, dash_c, code, arg], env=env, cwd=tmp_path, capture_output=True, text=True)
+    _, *flags, code, arg = verify.check_cmd(ctx({})).argv
+    return subprocess.run([sys.executable, *flags, code, arg], env=env, cwd=tmp_path, capture_output=True, text=True)
 
 
 def test_verify_on_the_host_names_its_version_and_imports_it(tmp_path):
