@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -31,6 +32,9 @@ DOWNLOAD_TIMEOUT = 24 * 3600.0
 STACK_CHANGES = frozenset({"venv", "checkout", "kernel"})
 
 
+_TEMPLATE_LOCK = threading.Lock()
+
+
 @functools.cache
 def _templates():
     """The unit's template environment, made when a unit is first rendered (jinja2 costs ~30 ms to import, which an
@@ -44,7 +48,10 @@ def _templates():
 
 def unit_template():
     """The unit's compiled template."""
-    return _templates().get_template("sglang.service.j2")
+    # one at a time: hosts planned side by side would each make an environment and compile the template (~6 ms a
+    # host of the control node's CPU); the first makes them, the others find them in the caches
+    with _TEMPLATE_LOCK:
+        return _templates().get_template("sglang.service.j2")
 
 
 _SAFE_WORD = re.compile(r"[A-Za-z0-9_@+=:,./-]+")

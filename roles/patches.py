@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import functools
 import hashlib
 import re
 import shlex
@@ -334,21 +335,27 @@ def parse_output(host: str, text: str) -> tuple[HostPatches, list[Judgement]]:
     return found, judgements
 
 
+@functools.lru_cache(maxsize=256)
+def dict_keys_defined(text: str, name: str) -> tuple[tuple[int, frozenset], ...]:
+    """(line, constant keys) of each dict assigned to `name` in Python source; none when it does not parse.
+    Remembered: every host of a fleet sends the same files, and parsing one costs ~3 ms of the control node's CPU."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return ()  # conflict markers and the like: that file proves nothing either way
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets) and isinstance(node.value, ast.Dict):
+            found.append((node.lineno, frozenset(k.value for k in node.value.keys if isinstance(k, ast.Constant))))
+    return tuple(found)
+
+
 def effect_holds(effect: Effect, files: dict[str, str]) -> tuple[bool, str]:
     """Whether every dict `effect.name` defined in files has the key, and if not, where it is missing."""
-    defs = []
-    for path, text in sorted(files.items()):
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue  # conflict markers and the like: that file proves nothing either way
-        for node in ast.walk(tree):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
-                if isinstance(node, ast.AnnAssign) else []
-            if any(isinstance(t, ast.Name) and t.id == effect.name for t in targets) and isinstance(node.value,
-                                                                                                   ast.Dict):
-                keys = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
-                defs.append((path, node.lineno, effect.key in keys))
+    defs = [(path, line, effect.key in keys) for path, text in sorted(files.items())
+            for line, keys in dict_keys_defined(text, effect.name)]
     if not defs:
         return False, f"no dict {effect.name} found"
     missing = [f"{p}:{n}" for p, n, ok in defs if not ok]
