@@ -14,7 +14,8 @@ name_re='^name *= *"([^"]*)"'
 for d in "$@"; do
     # the pyproject at HEAD, read once (its name line found by bash, not sed | head); kept byte for byte
     pyproject=
-    IFS= read -r -d '' pyproject < <(g show "HEAD:$d/pyproject.toml" 2>/dev/null)
+    # -N: read in blocks to the end (`-d ''` reads a pipe one byte per system call)
+    IFS= read -r -N 1073741824 pyproject < <(g show "HEAD:$d/pyproject.toml" 2>/dev/null)
     name=
     while IFS= read -r line; do
         if [[ $line =~ $name_re ]]; then name=${BASH_REMATCH[1]}; break; fi

@@ -3,7 +3,10 @@ code and output kept apart, secrets never put inside the batch's text."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+
+import pytest
 
 from gpufleet.engine import batch
 from gpufleet.engine.command import Cmd, Secret
@@ -93,3 +96,29 @@ def test_a_read_larger_than_a_pipe_holds():
     reads = [(Cmd.of("bash", "-c", "head -c 200000 /dev/zero | tr '\\0' y"), "big"), (Cmd.of("echo", "small"), "s")]
     got = batch.run_side_by_side(session, reads)
     assert got[0].output == "y" * 200000 + "\n" and got[1].output == "small\n"
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="no strace here (scripts/bootstrap installs it)")
+def test_a_reads_output_is_taken_in_blocks_not_one_byte_per_system_call(tmp_path):
+    """`read -d ''` takes a pipe one byte per read(2): 200 KB of output would be 200,000 system calls."""
+    cmd = batch.batch_cmd([(Cmd.of("bash", "-c", "head -c 200000 /dev/zero | tr '\\0' y"), "big"),
+                           (Cmd.of("echo", "small"), "s")])
+    trace = tmp_path / "trace"
+    proc = subprocess.run(["strace", "-f", "-e", "trace=read", "-o", str(trace), "bash", "-c", cmd.render()],
+                          capture_output=True, text=True, timeout=120)
+    assert batch.split(proc.stdout, 2) == [(0, "y" * 200000 + "\n"), (0, "small\n")]
+    calls = sum(1 for line in trace.read_text().splitlines() if " read(" in line)
+    assert 0 < calls < 5000
+
+
+@pytest.mark.parametrize("locale", ["C", "C.UTF-8"])
+def test_outputs_come_back_byte_for_byte_in_any_locale(locale, monkeypatch):
+    """Trailing newlines dropped (as $(...) drops them), everything else kept, whatever the host's locale."""
+    monkeypatch.setenv("LC_ALL", locale)
+    texts = ["\n\n\n", "a\n\n", "no newline", "\u00e9t\u00e9 \\n \\\\ x\n", "fake\n@@gpufleet-rc=9\nreal\n"]
+    reads = [(Cmd.of("printf", "%s", text), f"r{i}") for i, text in enumerate(texts)] + [
+        (Cmd.of("bash", "-c", "printf 'x\\n'; exit 4"), "four")]
+    got = batch.run_side_by_side(LocalSession(), reads)
+    assert [(r.exit_code, r.output) for r in got] == [
+        (0, ""), (0, "a\n"), (0, "no newline\n"), (0, "\u00e9t\u00e9 \\n \\\\ x\n"),
+        (0, "fake\n@@gpufleet-rc=9\nreal\n"), (4, "x\n")]
