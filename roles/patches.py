@@ -161,7 +161,7 @@ def stack_series(stack, repo: Path) -> list[Series]:
 
 # ---- the remote judging script -------------------------------------------------------------------------------------
 _BASE = remote.text("patches_base.sh")
-_LIBRARY = _BASE + remote.text("patches_judge.sh") + remote.text("patches_memo.sh")
+_LIBRARY = _BASE + remote.text("patches_judge.sh") + remote.text("host_cache.sh") + remote.text("patches_memo.sh")
 
 
 def series_paths(s: Series) -> list[str]:

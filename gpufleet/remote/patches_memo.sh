@@ -1,13 +1,10 @@
 #!/bin/bash
-# The patch judgement remembered on the host (sent after patches_judge.sh): the same judging script (its digest, in
-# $1 of gf_memo_key), on the same files of the checkout (listed by path, type, size, mtime, ctime and inode, as git's
-# own index tells a file changed) and the same upstream commit, judged by the same git, gives the same verdicts.
+# The patch judgement remembered on the host (sent after patches_judge.sh and host_cache.sh): the same judging
+# script (its digest, in $1 of gf_memo_key), on the same files of the checkout (listed by path, type, size, mtime,
+# ctime and inode, as git's own index tells a file changed) and the same upstream commit, judged by the same git,
+# gives the same verdicts.
 # Expects co, upstream and watched (the paths under $co the judgement reads, every root and path of every series).
-gf_memo_dir=
-if [ -n "${GPUFLEET_HOST_CACHE:-}" ]; then gf_memo_dir=$GPUFLEET_HOST_CACHE/patch-judgements
-elif [ -n "${XDG_CACHE_HOME:-}" ]; then gf_memo_dir=$XDG_CACHE_HOME/gpufleet/patch-judgements
-elif [ -n "${HOME:-}" ]; then gf_memo_dir=$HOME/.cache/gpufleet/patch-judgements
-fi
+gf_memo_dir=${gf_cache:+$gf_cache/patch-judgements}
 gf_memo_key() {
     local sum listing
     [ -n "$gf_memo_dir" ] && [ -n "$upstream" ] || return 1  # no upstream to judge against: judge afresh every time

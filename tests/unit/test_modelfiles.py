@@ -99,3 +99,68 @@ def test_download_command_masks_the_token():
     cmd = modelfiles.download_cmd("org/m", "/models/m", "/root/venv", {"HF_TOKEN": Secret("hf_zzz")})
     assert "hf_zzz" not in cmd.display() and "HF_TOKEN=hf_zzz" in cmd.render()
     assert cmd.argv[-3:] == ("org/m", "/models/m", "/root/venv")
+
+
+# --- the report remembered on the host (model_memo.sh) -------------------------------------------------------------
+
+def counting_python(tmp_path: Path) -> tuple[str, Path]:
+    """This python behind a wrapper that counts its runs: a remembered report starts none."""
+    runs = tmp_path / "python-runs"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\necho run >> {runs}\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper), runs
+
+
+def remembered(d: Path, python: str, cache: Path) -> tuple[int, str]:
+    cmd = modelfiles.report_cmd(str(d), python)
+    proc = subprocess.run(["bash", "-c", cmd.render()], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "GPUFLEET_HOST_CACHE": str(cache)})
+    return proc.returncode, proc.stdout
+
+
+def runs_of(runs: Path) -> int:
+    return len(runs.read_text().split()) if runs.exists() else 0
+
+
+def test_a_report_is_remembered_until_the_directory_changes(tmp_path):
+    d, (python, runs), cache = make_model(tmp_path / "m"), counting_python(tmp_path), tmp_path / "cache"
+    first = remembered(d, python, cache)
+    assert first[0] == 0 and modelfiles.parse_report(first[1], "gpu1").ok and runs_of(runs) == 1
+    assert remembered(d, python, cache) == first and runs_of(runs) == 1
+    (d / SHARDS[0]).write_bytes(shard_bytes()[:-8])  # a shard rewritten: checked afresh, and found cut off
+    code, out = remembered(d, python, cache)
+    assert code == 0 and runs_of(runs) == 2 and modelfiles.parse_report(out, "gpu1").bad
+    (d / SHARDS[1]).unlink()
+    assert modelfiles.parse_report(remembered(d, python, cache)[1], "gpu1").missing == [SHARDS[1]]
+    assert runs_of(runs) == 3 and check(d)[1] == modelfiles.parse_report(remembered(d, python, cache)[1], "gpu1")
+
+
+def test_another_check_never_reads_a_report_an_older_one_remembered(tmp_path, monkeypatch):
+    d, (python, runs), cache = make_model(tmp_path / "m"), counting_python(tmp_path), tmp_path / "cache"
+    remembered(d, python, cache)
+    monkeypatch.setattr(modelfiles, "CHECK", modelfiles.CHECK + "\n# a check that reads one thing more\n")
+    remembered(d, python, cache)
+    assert runs_of(runs) == 2
+
+
+def test_without_a_cache_every_report_is_fresh_and_the_same(tmp_path):
+    d, (python, runs) = make_model(tmp_path / "m"), counting_python(tmp_path)
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    assert remembered(d, python, blocked) == remembered(d, python, blocked) and runs_of(runs) == 2
+    assert remembered(tmp_path / "absent", python, tmp_path / "cache")[1] == remembered(
+        tmp_path / "absent", python, tmp_path / "cache")[1]
+    assert runs_of(runs) == 4  # no listing, no memo: a directory that is not there is asked every time
+
+
+def test_a_linked_shard_is_judged_by_the_file_it_names(tmp_path):
+    """A Hugging Face snapshot's shards are links into its blobs: a blob replaced in place is checked afresh."""
+    d, (python, runs), cache = make_model(tmp_path / "m"), counting_python(tmp_path), tmp_path / "cache"
+    blob = tmp_path / "blobs" / "b1"
+    blob.parent.mkdir()
+    (d / SHARDS[2]).rename(blob)
+    (d / SHARDS[2]).symlink_to(blob)
+    assert modelfiles.parse_report(remembered(d, python, cache)[1], "gpu1").ok
+    blob.write_bytes(b"garbage!garbage!")  # the link itself is untouched
+    assert modelfiles.parse_report(remembered(d, python, cache)[1], "gpu1").bad and runs_of(runs) == 2

@@ -1,0 +1,9 @@
+#!/bin/bash
+# Where the host remembers reads (sent ahead of the scripts that do): gf_cache is $GPUFLEET_HOST_CACHE, else
+# $XDG_CACHE_HOME/gpufleet, else ~/.cache/gpufleet, as stack_memo.py finds it; empty when none can be named (then
+# nothing is remembered and every read is done afresh).
+gf_cache=
+if [ -n "${GPUFLEET_HOST_CACHE:-}" ]; then gf_cache=$GPUFLEET_HOST_CACHE
+elif [ -n "${XDG_CACHE_HOME:-}" ]; then gf_cache=$XDG_CACHE_HOME/gpufleet
+elif [ -n "${HOME:-}" ]; then gf_cache=$HOME/.cache/gpufleet
+fi
