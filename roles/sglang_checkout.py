@@ -100,6 +100,12 @@ def _edits(co) -> str:
 
 def plan_update(ctx: PlanContext) -> list[Step | Unchanged]:
     """The clone, the fast-forward, or why neither is needed."""
+    return _plan_update(ctx)[0]
+
+
+def _plan_update(ctx: PlanContext) -> tuple[list[Step | Unchanged], str]:
+    """plan_update's items, and the commit the checkout is to be at: the pin, or upstream's tip as the probe read it
+    ("" when nothing was read)."""
     host, want = ctx.host, ctx.stack.sglang
     co = ctx.facts.checkout
     path = host.sglang_checkout
@@ -113,7 +119,7 @@ def plan_update(ctx: PlanContext) -> list[Step | Unchanged]:
         return [Step(name, f"clone sglang {want.branch} into {path}", f"no checkout at {path}",
                      (clone_command(path, want.remote, want.branch, pin),),
                      verify=(done_command(path, pin, True),) if pin else (), timeout=UPDATE_TIMEOUT,
-                     changes=("checkout",))]
+                     changes=("checkout",))], pin or ""
     if co.branch != want.branch:
         raise PlanError(host.name, name, f"{path} is on {co.branch or 'a detached HEAD'}, stack.toml wants branch "
                                          f"{want.branch}: switch it yourself")
@@ -123,22 +129,22 @@ def plan_update(ctx: PlanContext) -> list[Step | Unchanged]:
     head = co.head or ""
     if pin:
         if head.startswith(pin):
-            return [Unchanged(name, f"{want.branch}@{head[:10]} is the pinned commit")]
+            return [Unchanged(name, f"{want.branch}@{head[:10]} is the pinned commit")], pin
         target, contained = pin, False
     else:
         target, contained = _target(ctx, path, want.branch)
         if target and head == target:
-            return [Unchanged(name, f"{want.branch}@{head[:10]} is upstream's tip")]
+            return [Unchanged(name, f"{want.branch}@{head[:10]} is upstream's tip")], target
         if contained:
             return [Unchanged(name, f"{want.branch}@{head[:10]} already contains upstream's tip {target[:10]} "
-                                    f"(local commits on top)")]
+                                    f"(local commits on top)")], target
     shown = target[:10] if target else f"origin/{want.branch}"
     reason = f"checkout at {head[:10]}, {'stack.toml pins' if pin else 'upstream is at'} {shown}; {_edits(co)}"
     verify = (done_command(path, target, bool(pin)),) if target else ()
     return [Step(name, f"update sglang checkout {head[:10]} -> {shown}", reason,
                  (update_command(path, want.branch, target, bool(pin)),),
                  needed=needed_command(path, target, bool(pin)) if target else None,
-                 verify=verify, timeout=UPDATE_TIMEOUT, changes=("checkout",))]
+                 verify=verify, timeout=UPDATE_TIMEOUT, changes=("checkout",))], target
 
 
 def patch_status(ctx: PlanContext, series, target: str = "") -> "series_mod.HostPatches | None":
@@ -203,14 +209,15 @@ def plan_patches(ctx: PlanContext, series, found, updating: bool) -> list[Step |
 
 def plan(ctx: PlanContext) -> list[Step | Unchanged]:
     """Update the checkout to stack.toml's commit, then apply the sglang patches it still lacks."""
-    items = plan_update(ctx)
+    items, target = _plan_update(ctx)
     every = series_mod.stack_series(ctx.stack, ctx.repo)
     series = every[0]
     path = ctx.host.sglang_checkout
     if ctx.facts.checkout.present:
         pin = None if ctx.stack.sglang.commit == "latest" else ctx.stack.sglang.commit
-        # one probe judges both series, on the checkout and where it is going (a pin, or upstream's tip)
-        found = patch_status(ctx, every, target=pin or "")
+        # one probe judges both series, on the checkout and where it is going (a pin, or upstream's tip as the
+        # upstream probe just read it: a checkout that already has that commit is judged with no fetch)
+        found = patch_status(ctx, every, target=target)
         if isinstance(items[0], Step):  # moving: every patch must still do its job there
             refuse_target(ctx, found, pin or "")
         if found is not None:

@@ -355,3 +355,29 @@ def test_wrong_branch_and_unfinished_merge_are_refused(repo):
     (Path(git(co, "rev-parse", "--absolute-git-dir")) / "MERGE_HEAD").write_text(git(co, "rev-parse", "HEAD") + "\n")
     proc = bash(role.update_command(str(co), "main"))
     assert proc.returncode == role.EXIT_REFUSED and "MERGE_HEAD" in proc.stdout
+
+
+def test_the_patch_probe_fetches_only_a_tip_the_checkout_lacks(repo, tmp_path):
+    """The plan judges the patches on upstream's tip as the upstream probe read it: a checkout that has that commit
+    is judged with no trip to the remote (a converged host's nightly no-op), one that lacks it fetches it."""
+    bare, co = repo
+    said = {}
+
+    def probe(cmd, step):
+        proc = bash(cmd)
+        said[step] = proc.stdout
+        return result(cmd, step, proc.returncode, proc.stdout + proc.stderr)
+    stack = Stack.model_validate({"sglang": {"remote": str(bare)}})
+    role.plan(context(local_facts(co), probe, stack, path=str(co)))
+    tip = git(bare, "rev-parse", "main")
+    assert f"@@upstream {tip}" in said["probe sglang patches"] and "@@fetch" not in said["probe sglang patches"]
+    other = tmp_path / "other"
+    git(tmp_path, "clone", "-q", str(bare), str(other))
+    (other / "NEWS").write_text("upstream moved\n")
+    git(other, "add", "NEWS")
+    git(other, "-c", "user.name=u", "-c", "user.email=u@example.com", "commit", "-q", "-m", "moved")
+    git(other, "push", "-q", "origin", "HEAD:main")
+    role.plan(context(local_facts(co), probe, stack, path=str(co)))
+    moved = git(bare, "rev-parse", "main")
+    assert moved != tip and f"@@upstream {moved}" in said["probe sglang patches"]
+    assert "@@fetch rc=0" in said["probe sglang patches"]
