@@ -48,8 +48,8 @@ def _templates():
 
 def unit_template():
     """The unit's compiled template."""
-    # one at a time: hosts planned side by side would each make an environment and compile the template (~6 ms a
-    # host of the control node's CPU); the first makes them, the others find them in the caches
+    # one at a time: hosts planned side by side would each make an environment and compile the template (~1 ms of
+    # the control node's CPU a host); the first makes them, the others find them in the caches
     with _TEMPLATE_LOCK:
         return _templates().get_template("sglang.service.j2")
 

@@ -338,7 +338,8 @@ def parse_output(host: str, text: str) -> tuple[HostPatches, list[Judgement]]:
 @functools.lru_cache(maxsize=256)
 def dict_keys_defined(text: str, name: str) -> tuple[tuple[int, frozenset], ...]:
     """(line, constant keys) of each dict assigned to `name` in Python source; none when it does not parse.
-    Remembered: every host of a fleet sends the same files, and parsing one costs ~3 ms of the control node's CPU."""
+    Remembered: every host of a fleet sends the same files (a survey of 8 hosts parsed the same few texts 48 times,
+    ~0.3 ms of the control node's CPU each)."""
     try:
         tree = ast.parse(text)
     except SyntaxError:

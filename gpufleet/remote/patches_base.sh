@@ -1,5 +1,5 @@
 #!/bin/bash
-# Shared start of the patch scripts: g() runs git in $co; gf_tmp (a temporary directory $tmp removed on exit); gf_has,
+# Shared start of the patch scripts: g() runs git in $co; gf_tmp (makes $tmp, a directory removed on exit); gf_has,
 # gf_root (the series' root in the tree: the first of $roots holding $probe) and gf_apply (git apply in a directory).
 # Expects from the caller: co (the checkout), nock (exit code when $co is no git checkout; 0 for a status probe);
 # a status probe also sets ref (origin's branch ref) and upref (a pinned commit).
