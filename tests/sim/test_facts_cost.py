@@ -14,6 +14,7 @@ from gpufleet.config.inventory import load_inventory
 from gpufleet.engine.command import Cmd
 from gpufleet.engine.dial import dial
 from gpufleet.engine.runner import for_each_host, session_for
+from gpufleet.engine.ssh import IDLE_POLL
 from gpufleet.facts.gather import gather_facts
 from gpufleet.facts.packages import parse_pip_editables, parse_pip_list_json
 
@@ -90,4 +91,5 @@ def test_every_session_sends_each_packet_at_once(sim_fleet):
                 sock = session.conn.transport.sock
                 assert isinstance(sock, socket.socket)
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                assert sock.gettimeout() == IDLE_POLL  # paramiko's reader thread wakes once a second when idle
         assert len(taken) == 1 and taken[0] is not None  # the first session spoke on the early socket

@@ -156,3 +156,18 @@ def test_no_delay_leaves_what_is_no_tcp_socket_alone():
     with a, b:
         no_delay(a)  # a unix socket (as a ProxyCommand's pipe would be) has no such option: no error
     no_delay(None)  # a jump host's channel: paramiko's transport has no socket at all
+
+
+def test_paramikos_reader_waits_idle_a_second_not_a_tenth():
+    """paramiko's transport thread wakes whenever its socket's timeout ends (paramiko sets 0.1 s); an idle session
+    woke ten times a second. A jump host's channel (no socket) is left as paramiko made it."""
+    from types import SimpleNamespace
+
+    from gpufleet.engine import ssh
+
+    a, b = socket.socketpair()
+    with a, b:
+        a.settimeout(0.1)
+        ssh._poll_less(SimpleNamespace(sock=a))
+        assert a.gettimeout() == ssh.IDLE_POLL == 1.0
+    ssh._poll_less(SimpleNamespace(sock=object()))
