@@ -480,10 +480,21 @@ def _whole_seconds(timeout: float) -> int:
 
 def _poll_less(transport) -> None:
     """The reader thread's idle wait at IDLE_POLL instead of paramiko's 0.1 s (a socket of a direct connection; a
-    ProxyJump channel keeps its own)."""
+    ProxyJump channel keeps its own). Closing the transport shuts the socket down first: the reader thread, waiting
+    on it for up to IDLE_POLL, would otherwise hold the connection open (no FIN to the host) until its wait ended."""
     sock = getattr(transport, "sock", None)
-    if isinstance(sock, socket.socket):
-        sock.settimeout(IDLE_POLL)
+    if not isinstance(sock, socket.socket):
+        return
+    sock.settimeout(IDLE_POLL)
+    close = transport.close
+
+    def close_at_once() -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # closed already, or the link is gone
+        close()
+    transport.close = close_at_once
 
 
 def _give_up_on_dead_link(transport, dead_after: float) -> None:

@@ -168,6 +168,11 @@ def test_paramikos_reader_waits_idle_a_second_not_a_tenth():
     a, b = socket.socketpair()
     with a, b:
         a.settimeout(0.1)
-        ssh._poll_less(SimpleNamespace(sock=a))
+        closed = []
+        transport = SimpleNamespace(sock=a, close=lambda: closed.append(a.fileno()))
+        ssh._poll_less(transport)
         assert a.gettimeout() == ssh.IDLE_POLL == 1.0
+        transport.close()
+        # shut down before paramiko's own close: the host sees the end at once, not when the reader's wait ends
+        assert b.recv(1) == b"" and closed == [a.fileno()]
     ssh._poll_less(SimpleNamespace(sock=object()))
