@@ -1,8 +1,8 @@
 #!/bin/bash
 # The model check's report, remembered on the host (sent after host_cache.sh): the same check (its digest) on a model
 # directory whose entries are unchanged (listed by name, type, size, mtime, ctime, inode and link target, the
-# directory's own line first) gives the same report. A checkpoint's headers and index are tens of MB of JSON (87 MB
-# for one shaped like Qwen3.5-397B-A17B-NVFP4: 0.6 s of CPU to parse, bench/model_check_cost.py); the listing and
+# directory's own line first) gives the same report. A checkpoint's headers and index are tens of MB of JSON (93 MB
+# for one shaped like Qwen3.5-397B-A17B-NVFP4: 0.8 s of CPU to parse, bench/model_check_cost.py); the listing and
 # its digest take a few ms.
 # Args: $1 model directory, $2 the venv's python, $3 model_check.py's source, $4 its digest. Prints what
 # `python -E -S -c CHECK DIR report` prints, with its exit code.
