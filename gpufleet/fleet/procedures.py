@@ -9,7 +9,7 @@ from typing import Callable
 from gpufleet.config import lock
 from gpufleet.config.stack import Stack
 from gpufleet.engine.command import Cmd
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import ConnectionLost, GpufleetError
 from gpufleet.facts.script import unit_name
 from gpufleet.fleet import hoststate, lockstate, rollback
 from gpufleet.fleet.executor import Executor, HostReport
@@ -223,16 +223,20 @@ class RollProcedures:
     def recover(self, session, result, log) -> bool:
         """Restore the snapshot taken before the host's upgrade; bring its server back healthy if it was running.
         Waits (bounded) for a host that dropped off, e.g. rebooting; False when there was nothing to undo."""
-        rollback.reach(session, self.reconnect_for, log)
-        try:  # a lock this roll took and could not release when the link broke (token-checked: only ours)
-            hoststate.release_claim(session, self.run)
-        except GpufleetError as exc:
-            log(f"could not release this roll's lock on {session.name}: {exc}")
-        if not result.snapshot:
+        def unlocked_snapshot():
+            try:  # a lock this roll took and could not release when the link broke (token-checked: only ours)
+                hoststate.release_claim(session, self.run)
+            except ConnectionLost:
+                raise
+            except GpufleetError as exc:
+                log(f"could not release this roll's lock on {session.name}: {exc}")
+            return rollback.describe(session, result.snapshot) if result.snapshot else None
+
+        info = rollback.reach_then(session, self.reconnect_for, unlocked_snapshot, log)
+        if info is None:
             log("nothing was changed before the failure: nothing to roll back")
             result.steps.append("rollback: nothing to undo (this run changed nothing)")
             return False
-        info = rollback.describe(session, result.snapshot)
         rollback.restore(session, info, say=log)
         result.steps.append(f"rolled back to {result.snapshot}")
         unit = unit_name(session.host.service)

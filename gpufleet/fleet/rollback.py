@@ -10,7 +10,7 @@ from datetime import datetime
 from gpufleet import remote
 from gpufleet.fleet import hoststate
 from gpufleet.engine.command import Cmd
-from gpufleet.errors import GpufleetError, UnreachableError
+from gpufleet.errors import ConnectionLost, GpufleetError, UnreachableError
 from gpufleet.facts.script import unit_name
 
 # Exit codes of the restore script, so the error says which part could not be restored.
@@ -53,6 +53,8 @@ def describe(session, path: str) -> SnapshotInfo:
     """Read a snapshot's manifest and contents (read-only)."""
     result = session.run(Cmd.of("bash", "-c", remote.text("snapshot_describe.sh"), "describe", path),
                          step="read snapshot", check=False)
+    if result.exit_code is None:  # the host dropped off under the read: unreachable, not a bad manifest
+        raise ConnectionLost(result, None)
     if result.exit_code == 2:
         raise RollbackError(f"host {session.name}: {path} is not a gpufleet snapshot")
     first, _, rest = result.output.partition("\n")
@@ -99,6 +101,20 @@ def reach(session, seconds: float, say=print, clock=time.monotonic, sleep=time.s
     session.run(Cmd.of("systemctl", "is-system-running", "--wait"), step="boot finished?", check=False,
                 timeout=max(30.0, min(seconds, 120.0)))
     say(f"{session.name} answers again after {clock() - started:.0f} s")
+
+
+def reach_then(session, seconds: float, then, say=print, clock=time.monotonic, sleep=time.sleep):
+    """reach() the host, then return then(); a host that drops off again under then() is waited for again, all
+    within the same `seconds`: a rebooting host's sshd can still take a login while its shutdown goes on."""
+    started = clock()
+    while True:
+        reach(session, max(1.0, seconds - (clock() - started)), say, clock=clock, sleep=sleep)
+        try:
+            return then()
+        except UnreachableError as exc:
+            if "authentication failed" in str(exc) or clock() - started >= seconds:
+                raise
+            say(f"{session.name} dropped off again: {str(exc).splitlines()[0]}")
 
 
 def snapshot_of_run(session, roll_started: str, pid: int, command: str) -> str | None:

@@ -12,7 +12,7 @@ import pytest
 from gpufleet.cli.interrupts import EXIT_INTERRUPTED, Interrupts
 from gpufleet.cli.roll import roll_exit_code
 from gpufleet.engine.runner import HostOutcome
-from gpufleet.errors import GpufleetError, UnreachableError
+from gpufleet.errors import ConnectionLost, GpufleetError, UnreachableError
 from gpufleet.fleet import rollback
 from gpufleet.fleet.hoststate import RunInfo
 from gpufleet.fleet.roll import (HostResult, Roll, RollSummary, RunRecord, in_flight, last_stopped, mark_killed,
@@ -260,6 +260,38 @@ def test_reach_returns_at_once_for_a_host_that_answers():
     session = FakeSession(name="gpu2")
     rollback.reach(session, 120, said.append)
     assert said == [] and session.steps == ["still answering?"]
+
+
+def test_a_snapshot_read_cut_by_the_host_going_down_is_unreachable_not_a_bad_manifest():
+    session = FakeSession({"read snapshot": (None, "\n[gpufleet] connection lost: the host stopped answering\n")})
+    with pytest.raises(ConnectionLost):
+        rollback.describe(session, "/var/lib/gpufleet/snapshots/x")
+
+
+def test_a_host_that_drops_off_again_after_answering_is_waited_for_again():
+    # a rebooting host's sshd still took the first login; the snapshot read then lost its connection
+    clock, said = _Clock(), []
+    manifest = '{"created": "2026-12-05T23:25:20Z", "by": "root"}\nvenv=yes\n'
+    session = FakeSession({"still answering?": [(0, ""), (None, "")], "back?": (0, ""),
+                           "read snapshot": [(None, "\n[gpufleet] connection lost\n"), (0, manifest)]}, name="gpu2")
+    info = rollback.reach_then(session, 120, lambda: rollback.describe(session, "/s"), said.append,
+                               clock=clock, sleep=clock.sleep)
+    assert info.manifest["by"] == "root" and info.details == {"venv": "yes"}
+    assert said[0].startswith("gpu2 dropped off again: host gpu2: step 'read snapshot'")
+    assert said[1] == "gpu2 is not answering (rebooting?); waiting up to 120 s for it to come back"
+    assert session.steps.count("read snapshot") == 2
+
+
+def test_a_host_that_keeps_dropping_off_is_given_up_within_the_bound():
+    clock = _Clock()
+
+    def lost():
+        clock.sleep(50)
+        return rollback.describe(session, "/s")
+    session = FakeSession({"read snapshot": (None, "")}, name="gpu2")
+    with pytest.raises(ConnectionLost):
+        rollback.reach_then(session, 120, lost, lambda line: None, clock=clock, sleep=clock.sleep)
+    assert 120 <= clock.now <= 180
 
 
 def test_reconnect_for_is_validated_at_load(tmp_path):
