@@ -7,3 +7,11 @@ if [ -n "${GPUFLEET_HOST_CACHE:-}" ]; then gf_cache=$GPUFLEET_HOST_CACHE
 elif [ -n "${XDG_CACHE_HOME:-}" ]; then gf_cache=$XDG_CACHE_HOME/gpufleet
 elif [ -n "${HOME:-}" ]; then gf_cache=$HOME/.cache/gpufleet
 fi
+# gf_keep DIR NAME < TEXT: remember TEXT as DIR/NAME, written aside and renamed (a reader never sees half of it);
+# entries untouched for 30 days go. Best effort: a cache that cannot be written only means reading afresh next time.
+gf_keep() {
+    {
+        mkdir -p -m 700 "$1" && cat > "$1/.$2.$$" && mv -f "$1/.$2.$$" "$1/$2"
+        find "$1" -maxdepth 1 -type f -mtime +30 -delete
+    } 2>/dev/null || true
+}

@@ -25,10 +25,6 @@ out=$(cd / && "$py" -E -S -c "$check" "$dir" report 2>&1)
 rc=$?
 printf '%s\n' "$out"
 if [ "$rc" -eq 0 ] && [ -n "$key" ] && [[ $out == @@gpufleet-model\ * ]]; then
-    # best effort: a cache that cannot be written only means checking afresh next time
-    {
-        mkdir -p -m 700 "$gf_cache/model-checks" && printf '%s\n' "$out" > "$memo.$$" && mv -f "$memo.$$" "$memo"
-        find "$gf_cache/model-checks" -maxdepth 1 -type f -mtime +30 -delete
-    } 2>/dev/null
+    gf_keep "$gf_cache/model-checks" "$key" <<<"$out"
 fi
 exit "$rc"

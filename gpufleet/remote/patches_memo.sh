@@ -21,10 +21,5 @@ gf_memo_print() {
     echo "@@memo $1"
 }
 gf_memo_keep() {
-    # best effort: a cache that cannot be written only means judging afresh next time
-    {
-        mkdir -p -m 700 "$gf_memo_dir" && cp "$tmp/judged" "$gf_memo_dir/.$1.$$" \
-            && mv -f "$gf_memo_dir/.$1.$$" "$gf_memo_dir/$1"
-        find "$gf_memo_dir" -maxdepth 1 -type f -mtime +30 -delete
-    } 2>/dev/null || true
+    gf_keep "$gf_memo_dir" "$1" <"$tmp/judged"
 }
