@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpufleet.errors import GpufleetError
-from gpufleet.sim import nvidia_smi, system
+from gpufleet.sim import holder, nvidia_smi, system
 from gpufleet.sim.router import ROUTER_VERSION, SimRouter
 from gpufleet.sim.system import sh
 # One fleet per (prefix, subnet), its addresses and shared paths: in layout.py, which the inventory renderer reads too.
@@ -135,6 +135,7 @@ class SimFleet:
         if count < 1 or count > 40:
             raise SimError(f"--count must be between 1 and 40 (got {count})")
         self.require_tools()
+        holder.hold(PREFIX, SUBNET)  # before clearing: leftovers are a killed run's, never a live one's fleet
         self.clear_leftovers()
         _enough_inotify_instances(count)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -164,11 +165,15 @@ class SimFleet:
 
     def down(self) -> None:
         """Stop every host and server sim.up started and remove every mount, link, namespace and cgroup."""
-        self.clear_leftovers()
-        inventory = self.state().inventory
-        if inventory and Path(inventory).exists():
-            Path(inventory).unlink()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        holder.hold(PREFIX, SUBNET)
+        try:
+            self.clear_leftovers()
+            inventory = self.state().inventory
+            if inventory and Path(inventory).exists():
+                Path(inventory).unlink()
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        finally:
+            holder.release(PREFIX, SUBNET)
 
     def clear_leftovers(self) -> None:
         """Remove what a killed or earlier run left behind; safe to call when nothing is there."""
