@@ -138,13 +138,19 @@ def tree_query(host, key_hint: str = "", full: bool = False) -> Query[dict[str, 
     return Query(cmd, lambda host_name, output: _sections(output), "sgl-kernel build state")
 
 
-def read_source(ctx: PlanContext, found: dict[str, str]) -> Source:
-    """The kernel directory the probe found, with its pyproject parsed; a clear PlanError when there is none."""
-    directory, tree = found.get("dir", ""), found.get("tree", "")
-    if not directory or not tree:
+def _kernel_tree(ctx: PlanContext, found: dict[str, str]) -> str:
+    """The tree of the kernel directory the probe found at HEAD; a clear PlanError when there is none."""
+    if not found.get("dir", "") or not found.get("tree", ""):
         raise PlanError(ctx.host.name, name, f"no sgl-kernel in {ctx.host.sglang_checkout} at HEAD (looked for a "
                                              f"pyproject naming {' or '.join(KERNEL_NAMES)} in "
                                              f"{', '.join(d + '/' for d in KERNEL_DIRS)})")
+    return found["tree"]
+
+
+def read_source(ctx: PlanContext, found: dict[str, str]) -> Source:
+    """The kernel directory the probe found, with its pyproject parsed; a clear PlanError when there is none."""
+    tree = _kernel_tree(ctx, found)
+    directory = found["dir"]
     try:
         pyproject = tomllib.loads(found.get("pyproject", ""))
     except tomllib.TOMLDecodeError as exc:
@@ -155,17 +161,25 @@ def read_source(ctx: PlanContext, found: dict[str, str]) -> Source:
 def plan(ctx: PlanContext, cache: LocalCache | None = None) -> list:
     """Unchanged when the installed wheel has the current key; else install a wheel with that key, or build one."""
     cache = cache or LocalCache()
-    found = _read_tree(ctx, full=True)
-    source = read_source(ctx, found)
-    built = inputs(ctx, source.tree)
+    # the key needs only the tree: the texts (the CMakeLists is ~22 KB) are read when a build or install is planned,
+    # with the host's record of that key, so a converged host's survey sends neither
+    found = _read_tree(ctx)
+    tree = _kernel_tree(ctx, found)
+    built = inputs(ctx, tree)
     key = built.key()
     installed = buildcache.Record.from_json(found.get("installed", "").strip() or "null")
     version = next((v for v in map(lambda n: _package(ctx.facts, n), KERNEL_NAMES) if v), None)
     if installed and installed.key == key and version and version == _wheel_version(installed.wheel):
         return [Unchanged(name, f"sgl-kernel {version} installed from build {key[:12]} (targets "
                                 f"{','.join(installed.archs) or '?'})")]
-    # the host's record of a build with this key: asked only now, as the key needs the first read's texts
-    on_host = buildcache.Record.from_json(_read_tree(ctx, key).get("record", "").strip() or "null")
+    # the host's record of a build with this key, and the texts a build reads: asked only now, as the key needs the
+    # first read's tree
+    again = _read_tree(ctx, key, full=True)
+    source = read_source(ctx, again)
+    if source.tree != tree:
+        raise PlanError(ctx.host.name, name, f"{source.directory}/ moved while planning (tree {tree[:10]}, then "
+                                             f"{source.tree[:10]}): run again")
+    on_host = buildcache.Record.from_json(again.get("record", "").strip() or "null")
     why = (f"venv has sgl-kernel {version or 'none'}"
            + (f" from build {installed.key[:12]}" if installed else " not built by gpufleet")
            + f"; torch {built.torch}, CUDA {built.cuda}, {source.directory}/ tree {source.tree[:10]} want build "

@@ -102,11 +102,15 @@ def replan(tag: str, tmp_path: Path) -> tuple[Step, PlanContext]:
     stack = stack.model_copy(update={"sgl_kernel": stack.sgl_kernel.model_copy(update={"cmake_defines": {}})})
     facts = parse_facts("h200", step_rows(tag, "facts")[0]["output"])
     answers = [r["output"] for r in step_rows(tag, "sgl-kernel build state")][:2]
-    # The probe of that run read the tree and the records only; today's also names the kernel directory and reads its
-    # pyproject and CMakeLists at HEAD. Those are the stand-in kernel's files the real run built (scripts/).
+    # The probe of that run read the tree and the records only; today's also names the kernel directory, and its
+    # second read (the record of the key) has the pyproject and CMakeLists at HEAD. Those are the stand-in kernel's
+    # files the real run built (scripts/).
     kernel = REPO / "scripts/real-gpu-kernel"
-    answers[0] = (f"@@dir sgl-kernel\n{answers[0].splitlines()[0]}\n@@pyproject\n{(kernel / 'pyproject.toml').read_text()}"
-                  f"\n@@cmake\n{(kernel / 'CMakeLists.txt').read_text()}\n" + "\n".join(answers[0].splitlines()[1:]))
+    texts = (f"@@pyproject\n{(kernel / 'pyproject.toml').read_text()}\n"
+             f"@@cmake\n{(kernel / 'CMakeLists.txt').read_text()}\n")
+    for i, full in ((0, False), (1, True)):
+        tree, rest = answers[i].split("\n", 1)
+        answers[i] = f"@@dir sgl-kernel\n{tree}\n" + (texts if full else "") + rest
     probe = _Probe(answers)
     ctx = plan_context(host=host, stack=stack, facts=facts, read=probe, repo=REPO)
     items = sk.plan(ctx, cache=LocalCache(tmp_path / "cache"))

@@ -61,9 +61,11 @@ def _ctx(tmp_path, *, installed=None, on_host=None, packages=None, stack=None, d
 
     def probe(cmd, step):
         seen.append(cmd.render())
-        text = (f"@@dir {directory}\n@@tree {TREE}\n@@pyproject\n{pyproject}\n@@cmake\n"
-                f"{UPSTREAM_SHAPE if cmakelists is None else cmakelists}\n"
-                f"@@installed\n{installed.to_json() if installed else ''}\n@@record\n")
+        text = f"@@dir {directory}\n@@tree {TREE}\n"
+        if cmd.argv[5] == "1":  # kernel_probe.sh's $2: the texts are asked for
+            text += (f"@@pyproject\n{pyproject}\n@@cmake\n"
+                     f"{UPSTREAM_SHAPE if cmakelists is None else cmakelists}\n")
+        text += f"@@installed\n{installed.to_json() if installed else ''}\n@@record\n"
         if on_host and on_host.key in cmd.render():
             text += on_host.to_json()
         return _Res(text + "\n@@end\n")
@@ -149,7 +151,8 @@ def test_unchanged_when_installed_record_has_the_key(tmp_path):
                                                               "sgl_kernel": "0.3.21"})
     [item] = sgl_kernel.plan(ctx, LocalCache(tmp_path / "cache"))
     assert isinstance(item, Unchanged) and "sm_120a" in item.reason
-    assert len(seen) == 1  # the probe with the texts answers the installed record: no second read for the key's
+    # one probe, without the pyproject and CMakeLists texts: a converged host sends neither
+    assert len(seen) == 1 and "kernel-probe /root/sglang-main '' " in seen[0]
 
 
 def test_new_torch_means_a_new_build(tmp_path):
