@@ -10,17 +10,14 @@
 # Not read: zipped eggs and zip files on sys.path (pip reaches zipped eggs only through its deprecated
 # pkg_resources path; pip and uv install none). pip 26 differs from pip 24 on two broken cases: it lists a
 # dist-info without METADATA and prefers the version in a dist-info's directory name; this follows pip 24.
-import json
 import os
-import re
 import sys
 
-print(sys.version.split()[0])
-print("@@gpufleet-section packages rc=0@@")
-
-_VALID = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.I)
-_NORMAL = re.compile(r"^(0|[1-9][0-9]*)(\.(0|[1-9][0-9]*))*((a|b|rc)(0|[1-9][0-9]*))?(\.post(0|[1-9][0-9]*))?"
-                     r"(\.dev(0|[1-9][0-9]*))?(\+[a-z0-9]*[a-z][a-z0-9]*(\.[a-z0-9]*[a-z][a-z0-9]*)*)?$")
+# The common case imports neither json nor re (~8 ms of a host's CPU on every status, a third of this script): names,
+# versions and the JSON line take plain string code, and only a rare input (a version not in normal form, text
+# that needs escaping, a direct_url.json) imports the module that answers it exactly.
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 # packaging's VERSION_PATTERN, for the rare version not already in normal form
 _PEP440 = r"""v?(?:(?:(?P<epoch>[0-9]+)!)?(?P<release>[0-9]+(?:\.[0-9]+)*)
     (?P<pre>[-_\.]?(?P<pre_l>alpha|a|beta|b|preview|pre|c|rc)[-_\.]?(?P<pre_n>[0-9]+)?)?
@@ -30,15 +27,54 @@ _PRE = {"alpha": "a", "a": "a", "beta": "b", "b": "b", "c": "rc", "pre": "rc", "
 
 
 def canonical(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
+    """PEP 503's name: runs of -_. become one -, lower case (re.sub(r"[-_.]+", "-", name).lower())."""
+    name = name.replace("_", "-").replace(".", "-").lower()
+    while "--" in name:
+        name = name.replace("--", "-")
+    return name
+
+
+def valid(name):
+    """A valid project name: ASCII letters, digits and -_., starting and ending with a letter or digit."""
+    return bool(name) and name[0] in _ALNUM and name[-1] in _ALNUM and _NAME_CHARS.issuperset(name)
+
+
+def _number(text):
+    return text.isdigit() and text.isascii() and (text == "0" or text[0] != "0")
+
+
+def is_normal(text):
+    """True only if str(packaging.version.Version(text)) == text, for the shapes installed versions take (N.N...,
+    aN/bN/rcN on the last release part, .postN, .devN, +local with a letter in each part); False sends the
+    rest to normal_version's full parse, so False is always safe."""
+    public, plus, local = text.partition("+")
+    if plus and not all(p.isascii() and p.isalnum() and p == p.lower() and not p.isdigit() for p in local.split(".")):
+        return False
+    parts = public.split(".")
+    for suffix in ("dev", "post"):  # in this order from the end: N.N.postN.devN
+        if len(parts) > 1 and parts[-1].startswith(suffix) and _number(parts[-1][len(suffix):]):
+            parts.pop()
+    last = parts[-1]
+    digits = len(last) - len(last.lstrip("0123456789"))
+    if digits < len(last):
+        for pre in ("rc", "a", "b"):
+            if last[digits:].startswith(pre):
+                if not _number(last[digits + len(pre):]):
+                    return False
+                break
+        else:
+            return False
+        parts[-1] = last[:digits]
+    return all(_number(p) for p in parts)
 
 
 def normal_version(text):
     """str(packaging.version.Version(text)); the text unchanged when it is no PEP 440 version (pip 24.0's
     LegacyVersion prints it so)."""
     text = text.strip()
-    if _NORMAL.match(text):
+    if is_normal(text):
         return text
+    import re
     m = re.match(r"^\s*" + _PEP440 + r"\s*$", text, re.VERBOSE | re.IGNORECASE)
     if not m:
         return text
@@ -56,6 +92,14 @@ def normal_version(text):
     return out
 
 
+def quoted(text):
+    """json.dumps(text): printable ASCII without a quote or backslash as it is, anything else through json."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return '"' + text + '"'
+    import json
+    return json.dumps(text)
+
+
 def headers(path):
     """Name and Version from a METADATA / PKG-INFO file (an egg-info may be that file itself); {} if unreadable."""
     found = {}
@@ -68,17 +112,25 @@ def headers(path):
                     key, sep, value = line.partition(":")
                     if sep and key in ("Name", "Version") and key not in found:
                         found[key] = value.strip()
+                        if len(found) == 2:
+                            break  # both come near the top; the dependency lists after them are not needed
             return found
         except (OSError, UnicodeDecodeError):
             continue
     return found
 
 
-def found_in(location):
-    """(stem name, metadata path) of each distribution importlib.metadata finds in one sys.path entry."""
+def listed(location):
+    """The names in one sys.path entry (or an egg-link's target); None where it is no readable directory."""
     try:
-        children = os.listdir(location or ".")
+        return os.listdir(location or ".")
     except OSError:
+        return None
+
+
+def found_in(location, children):
+    """(stem name, metadata path) of each distribution importlib.metadata finds in one directory's listing."""
+    if not children:
         return []
     infos = [(c.rpartition(".")[0].partition("-")[0], os.path.join(location, c))
              for c in children if c.lower().endswith((".dist-info", ".egg-info"))]
@@ -87,12 +139,10 @@ def found_in(location):
     return infos
 
 
-def linked(location):
+def linked(location, children):
     """The target directories of the `.egg-link` files in a sys.path entry (the first non-blank line of each)."""
     targets = []
-    if not os.path.isdir(location or "."):
-        return targets
-    for child in os.listdir(location or "."):
+    for child in children or ():
         if child.endswith(".egg-link"):
             try:
                 with open(os.path.join(location, child)) as handle:
@@ -104,12 +154,34 @@ def linked(location):
     return targets
 
 
-def editable_location(info, raw_name):
-    """pip's editable_project_location: a local editable direct_url.json, else a `<name>.egg-link` on sys.path."""
+def safe_name(name):
+    """The egg-link's name for a project: runs of anything but ASCII letters, digits and `.` become one `-`."""
+    out, run = [], False
+    for ch in name:
+        if ch in _ALNUM or ch == ".":
+            out.append(ch)
+            run = False
+        elif not run:
+            out.append("-")
+            run = True
+    return "".join(out)
+
+
+def editable_location(info, raw_name, listings):
+    """pip's editable_project_location: a local editable direct_url.json, else a `<name>.egg-link` on sys.path.
+    listings: each sys.path entry's names, read once (was a stat per entry and name for every distribution)."""
     try:
         with open(os.path.join(info, "direct_url.json")) as handle:
-            direct = json.load(handle)
-    except (OSError, ValueError):
+            text = handle.read()
+    except OSError:
+        text = None
+    if text is not None:
+        import json
+        try:
+            direct = json.loads(text)
+        except ValueError:
+            direct = None
+    else:
         direct = None
     if isinstance(direct, dict) and isinstance(direct.get("url"), str):
         dir_info = direct.get("dir_info")
@@ -119,35 +191,48 @@ def editable_location(info, raw_name):
             if parts.netloc in ("", "localhost"):
                 return unquote(parts.path)
         return None
-    names = (re.sub(r"[^A-Za-z0-9.]+", "-", raw_name) + ".egg-link", raw_name + ".egg-link")
-    for entry in sys.path:
-        if any(os.path.isfile(os.path.join(entry, name)) for name in names):
+    names = (safe_name(raw_name) + ".egg-link", raw_name + ".egg-link")
+    for entry, children in listings:
+        if children and any(name in children and os.path.isfile(os.path.join(entry, name)) for name in names):
             return os.path.dirname(info)  # the project directory holding the egg-info
     return None
 
 
 def distributions():
-    seen, listed = set(), []
-    for entry in sys.path:
+    """pip list's rows, in its order (by canonical name)."""
+    listings = [(entry, set(children) if children is not None else None)
+                for entry, children in ((entry, listed(entry)) for entry in sys.path)]
+    seen, rows = set(), []
+    for entry, children in listings:
         if entry.endswith(".whl") and os.path.isfile(entry):
             continue  # pip never reads a wheel on sys.path as installed
-        infos = found_in(entry) + [found for target in linked(entry) for found in found_in(target)]
+        infos = found_in(entry, children)
+        infos += [found for target in linked(entry, children) for found in found_in(target, listed(target))]
         for stem, info in infos:
             meta = headers(info)
             name = canonical(stem) or canonical(meta.get("Name") or "")
             if name in seen:
                 continue
             seen.add(name)
-            if not _VALID.match(name) or name in ("python", "wsgiref", "argparse"):
+            if not valid(name) or name in ("python", "wsgiref", "argparse"):
                 continue  # pip's leftovers (`~orch.dist-info`) and its stdlib skip list
             if not meta.get("Name"):
                 continue  # no METADATA (an interrupted install): pip 24 skips it ("invalid metadata entry 'name'")
             item = {"name": meta["Name"], "version": normal_version(meta.get("Version") or "")}
-            where = editable_location(info, meta["Name"])
+            where = editable_location(info, meta["Name"], listings)
             if where:
                 item["editable_project_location"] = where
-            listed.append((name, item))
-    return [item for name, item in sorted(listed, key=lambda pair: pair[0])]
+            rows.append((name, item))
+    return [item for name, item in sorted(rows, key=lambda pair: pair[0])]
 
 
-print(json.dumps(distributions()))
+def as_json(rows):
+    """json.dumps(rows) for a list of flat dicts of strings, byte for byte."""
+    return "[" + ", ".join("{" + ", ".join(quoted(k) + ": " + quoted(v) for k, v in row.items()) + "}"
+                           for row in rows) + "]"
+
+
+if __name__ == "__main__":
+    print(sys.version.split()[0])
+    print("@@gpufleet-section packages rc=0@@")
+    print(as_json(distributions()))

@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+from packaging.version import InvalidVersion, Version
 
 from gpufleet import remote
 from gpufleet.facts import facts_script, parse_facts, parse_pip_editables, parse_pip_list_json
@@ -174,3 +177,76 @@ def test_a_reader_that_dies_still_gives_a_packages_section(tmp_path):
     assert facts.packages is None and facts.python_version is None
     assert "could not read packages on host h: no pip list JSON in output: 'Traceback: boom' (exit code 3)" \
         in facts.problems
+
+
+# The reader's plain-string helpers against the library answers they stand in for (packaging, re, json).
+def reader_functions() -> dict:
+    """facts_dists.py's functions, loaded without running it (it runs only as __main__)."""
+    namespace = {"__name__": "facts_dists"}
+    exec(compile(remote.text("facts_dists.py"), "facts_dists.py", "exec"), namespace)
+    return namespace
+
+
+READER = reader_functions()
+NAMEISH = st.text(alphabet=st.sampled_from("aZ09._-~ é+"), max_size=12)
+
+
+@given(NAMEISH)
+def test_names_as_the_regular_expressions_answer(name):
+    assert READER["canonical"](name) == re.sub(r"[-_.]+", "-", name).lower()
+    assert READER["valid"](name) == bool(re.match(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", name, re.I))
+    assert READER["safe_name"](name) == re.sub(r"[^A-Za-z0-9.]+", "-", name)
+
+
+@given(st.text(max_size=12) | st.text(alphabet=st.sampled_from('a"\\\x01\x7fé\u2028 /'), max_size=8))
+def test_quoting_is_json_dumps(text):
+    assert READER["quoted"](text) == json.dumps(text)
+    row = {"name": text, "version": "1.0"}
+    assert READER["as_json"]([row, row]) == json.dumps([row, row])
+    assert READER["as_json"]([]) == json.dumps([])
+
+
+VERSIONISH = st.lists(st.sampled_from(["0", "1", "01", "12", ".", "a", "b", "rc", "c", "alpha", "post", "dev", "+",
+                                       "cu130", "CU", "!", "-", "_", "v", "r", " "]), max_size=9).map("".join)
+RELEASE = st.lists(st.integers(0, 3000), min_size=1, max_size=4).map(lambda parts: ".".join(map(str, parts)))
+NORMAL = st.tuples(RELEASE, st.sampled_from(["", "a", "b", "rc"]), st.integers(0, 20),
+                   st.sampled_from(["", ".post3", ".post0"]), st.sampled_from(["", ".dev20260307", ".dev0"]),
+                   st.sampled_from(["", "+cu130", "+cu130.g1a2b", "+local"])).map(
+    lambda t: t[0] + (t[1] + str(t[2]) if t[1] else "") + t[3] + t[4] + t[5])
+
+
+@given(VERSIONISH | NORMAL)
+@example("dev1")
+@example("post1.dev2")
+@example("1.0.dev1.post1")
+@example("1.0a")
+@example("01.0")
+@example("1.0+01")
+@example("1.0+cu130.01")
+@example("1!1.0")
+@example("1.0rc1.post2.dev3")
+@example("v1.0")
+@example(" 1.0 ")
+@example("")
+def test_versions_as_packaging_prints_them(text):
+    """is_normal never says yes to a text packaging would rewrite; normal_version answers as packaging does."""
+    try:
+        expected = str(Version(text))
+    except InvalidVersion:
+        expected = text.strip()  # pip 24.0's LegacyVersion: as written
+    if READER["is_normal"](text):
+        assert expected == text
+    assert READER["normal_version"](text) == expected
+
+
+@given(NORMAL)
+def test_the_shapes_installed_versions_take_need_no_full_parse(text):
+    assert READER["is_normal"](text)
+
+
+def test_the_real_listing_imports_neither_json_nor_re(h200_venv):
+    """Each costs a host ~4 ms of CPU on every status; the real H200 venv's 197 distributions need neither."""
+    code = remote.text("facts_dists.py") + "\nprint(sorted({'json', 're'} & set(sys.modules)))\n"
+    proc = subprocess.run([str(h200_venv / "bin" / "python"), "-c", code], cwd="/", capture_output=True, text=True,
+                          check=True, env=CLEAN_ENV)
+    assert proc.stdout.splitlines()[-1] == "[]"
