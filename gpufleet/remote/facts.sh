@@ -37,10 +37,9 @@ gf_sections_end() {
     done
 }
 
-# a wedged driver can hang nvidia-smi for minutes; bound every command that talks to hardware or big trees
-gf_run() {
-    if command -v timeout >/dev/null 2>&1; then timeout -k 5 120 "$@"; else "$@"; fi
-}
+# a wedged driver can hang nvidia-smi for minutes, a dead mount git or python: every section is bounded by one
+# deadline (side_by_side.sh), and one that is still running then reads as exit code 124
+gf_limit 120
 
 gf_nvidia_smi() {
     local smi
@@ -48,7 +47,7 @@ gf_nvidia_smi() {
     # A non-interactive SSH session gets sshd's default PATH; container images keep the tool elsewhere.
     if [ -z "$smi" ] && [ -x /usr/local/nvidia/bin/nvidia-smi ]; then smi=/usr/local/nvidia/bin/nvidia-smi; fi
     if [ -z "$smi" ]; then echo "gpufleet: nvidia-smi not found (PATH, /usr/local/nvidia/bin)"; return 127; fi
-    gf_run "$smi" "$@"
+    "$smi" "$@"
 }
 
 # $1: the comma-separated --query-gpu fields
@@ -152,7 +151,7 @@ gf_venv() {
         printf '@@gpufleet-section packages rc=127@@\ngpufleet: venv missing: %s\n' "$1"
         return 127
     fi
-    out=$(gf_run "$1/bin/python" -c "$2" 2>&1)
+    out=$("$1/bin/python" -c "$2" 2>&1)
     rc=$?
     printf '%s\n' "$out"
     # a reader that died before its packages header: the packages section still comes, with its exit code
@@ -166,7 +165,7 @@ gf_venv() {
 gf_git() {
     local dir=$1
     shift
-    gf_run git -c safe.directory='*' -c core.quotepath=false -C "$dir" "$@"
+    git -c safe.directory='*' -c core.quotepath=false -C "$dir" "$@"
 }
 
 # Where the checkout keeps sgl-kernel: the first candidate whose pyproject names sgl-kernel (upstream until mid-2026)
@@ -268,7 +267,7 @@ gf_unit() {
                 UnitFileState=*) enabled=${line#*=} ;;
                 ActiveState=*) active=${line#*=} ;;
             esac
-        done < <(gf_run systemctl show -p FragmentPath -p UnitFileState -p ActiveState -- "$name" 2>/dev/null)
+        done < <(systemctl show -p FragmentPath -p UnitFileState -p ActiveState -- "$name" 2>/dev/null)
         echo "enabled=$enabled"
         echo "active=$active"
     else

@@ -200,10 +200,11 @@ def editable_location(info, raw_name, listings):
 
 def distributions():
     """pip list's rows, in its order (by canonical name)."""
-    listings = [(entry, set(children) if children is not None else None)
-                for entry, children in ((entry, listed(entry)) for entry in sys.path)]
+    # in listdir's order, as importlib.metadata finds them (of two directories of one name, the first wins)
+    ordered = [(entry, listed(entry)) for entry in sys.path]
+    listings = [(entry, set(children) if children is not None else None) for entry, children in ordered]
     seen, rows = set(), []
-    for entry, children in listings:
+    for entry, children in ordered:
         if entry.endswith(".whl") and os.path.isfile(entry):
             continue  # pip never reads a wheel on sys.path as installed
         infos = found_in(entry, children)

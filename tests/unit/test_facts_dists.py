@@ -159,6 +159,8 @@ def test_same_answer_as_this_machines_pip(tmp_path):
               direct_url_json='{"url": "file:///srv/my%20proj", "dir_info": {"editable": true}}')
     dist_info(site, "~orch-1.0.dist-info", "torch", "1.0")
     (site / "filepkg-3.0.egg-info").write_text("Metadata-Version: 1.1\nName: filepkg\nVersion: 3.0\n")
+    for n in range(6):  # an upgrade's leftovers: of one name in one directory, the first in listdir's order wins
+        dist_info(site, f"dup-{n}.0.dist-info", "dup", f"{n}.0")
     editable_finder(site, tmp_path / "pth-runs")
     pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=json",
                           "--disable-pip-version-check"], cwd="/", capture_output=True, text=True, check=True,

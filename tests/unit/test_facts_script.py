@@ -274,6 +274,46 @@ def test_a_section_killed_before_its_exit_code_is_255():
     assert (out["after"].rc, out["after"].text.strip()) == (0, "fine")
 
 
+def _gone(pid: int, within: float = 10.0) -> bool:
+    """The process has ended and been reaped (a killed orphan is reaped by whoever adopts it)."""
+    import time
+
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_section_still_running_at_the_deadline_is_stopped_with_all_under_it(tmp_path):
+    """One deadline for the script (no `timeout` around each command): the hung section reads as 124 with what it
+    printed, the sleep it started is killed too, and the others are read as they are."""
+    import time
+
+    pids = tmp_path / "pids"
+    started = time.monotonic()
+    out = _sections("gf_limit 2\n"
+                    f"gf_section hung bash -c 'echo started; sleep 300 & echo $! > {pids}; wait'\n"
+                    "gf_section fine echo fine\n"
+                    f"gf_section quiet bash -c 'sleep 300 & echo $! >> {pids}; wait'\n")
+    assert time.monotonic() - started < 60
+    assert list(out) == ["hung", "fine", "quiet"]
+    assert (out["hung"].rc, out["hung"].text.strip()) == (124, "started\ngpufleet: still running after 2s: stopped")
+    assert (out["fine"].rc, out["fine"].text.strip()) == (0, "fine")
+    assert (out["quiet"].rc, out["quiet"].text.strip()) == (124, "gpufleet: still running after 2s: stopped")
+    sleeps = [int(p) for p in pids.read_text().split()]
+    assert len(sleeps) == 2 and all(_gone(pid) for pid in sleeps)
+
+
+def test_sections_within_the_deadline_are_read_whole():
+    out = _sections("gf_limit 30\ngf_section slowish bash -c 'sleep 1; echo done; exit 4'\ngf_section quick true\n")
+    assert (out["slowish"].rc, out["slowish"].text.strip()) == (4, "done")
+    assert (out["quick"].rc, out["quick"].text.strip()) == (0, "")
+
+
 def test_output_ending_like_an_exit_code_is_kept():
     out = _sections("gf_section tricky printf 'a\\n@@gpufleet-rc=7\\nb'\n")
     assert (out["tricky"].rc, out["tricky"].text.rstrip("\n")) == (0, "a\n@@gpufleet-rc=7\nb")
