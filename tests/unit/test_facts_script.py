@@ -125,6 +125,28 @@ def test_subdirectory_of_a_repo_is_not_a_checkout(checkout):
     assert facts.checkout.present is False
 
 
+def _stashes(checkout: Path) -> list[str]:
+    return parse_facts("h", run_script(facts_script("/nonexistent", str(checkout), "sglang", []))).checkout.stashes
+
+
+def test_stashes_after_a_pop_and_in_a_worktree(checkout):
+    """The stash list is skipped only where it would be empty (no stash reflog in a .git directory); a worktree
+    (.git is a file) and a second stash are still listed as git lists them."""
+    git(checkout, "stash", "push", "-q", "-m", "second")
+    assert [s.split(":", 1)[0] for s in _stashes(checkout)] == ["stash@{0}", "stash@{1}"]
+    assert _stashes(checkout)[0] == "stash@{0}: On main: second"
+    tree = checkout.parent / "tree"
+    git(checkout, "worktree", "add", "-q", str(tree))
+    assert (tree / ".git").is_file() and len(_stashes(tree)) == 2  # one stash list for all worktrees
+    git(checkout, "stash", "drop", "-q")
+    git(checkout, "stash", "pop", "-q")
+    assert not (checkout / ".git" / "logs" / "refs" / "stash").exists()
+    assert _stashes(checkout) == [] and _stashes(tree) == []
+    (tree / "a.py").write_text("edited in the worktree\n")
+    git(tree, "stash", "push", "-q", "-m", "from the worktree")
+    assert _stashes(checkout) == _stashes(tree) == ["stash@{0}: On tree: from the worktree"]
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the repo to another user")
 def test_repo_owned_by_another_user_is_still_read(checkout):
     subprocess.run(["chown", "-R", "12345:12345", str(checkout)], check=True)
