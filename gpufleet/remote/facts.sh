@@ -219,9 +219,49 @@ gf_branch_line() {
     printf 'ahead_behind=%s\t%s\n' "$ahead" "$behind"
 }
 
-# $1: the checkout; $2...: where sgl-kernel may live in it (gf_kernel_dir). Three or four git commands: the top and
-# HEAD, then one status for the branch, its upstream, their distance and the changed files, the origin, the stashes
-# (only where there may be any).
+# $1: the checkout; $2: its `git status --porcelain=v2 --branch --ahead-behind`. Prints head=, branch=, upstream=
+# and ahead_behind= as gf_branch_line does from porcelain v1, and puts the file lines, in v1's form (`XY path`,
+# `XY old -> new`, `?? path`), into gf_files.
+gf_status_v2() {
+    local line rest code n oid= branch= upstream= ab=
+    gf_files=
+    while IFS= read -r line; do
+        case "$line" in
+            "# branch.oid "*) oid=${line#"# branch.oid "} ;;
+            "# branch.head "*) branch=${line#"# branch.head "} ;;
+            "# branch.upstream "*) upstream=${line#"# branch.upstream "} ;;
+            "# branch.ab "*) ab=${line#"# branch.ab "} ;;
+            [12u]" "*)
+                # changed, renamed or copied, unmerged: 7, 8 or 9 fields (XY first) before the path
+                rest=${line:2}
+                code=${rest%% *}
+                case "$line" in 1*) n=7 ;; 2*) n=8 ;; *) n=9 ;; esac
+                while [ "$n" -gt 0 ]; do rest=${rest#* }; n=$((n - 1)); done
+                case "$line" in 2*) rest="${rest#*$'\t'} -> ${rest%%$'\t'*}" ;; esac  # new<TAB>old: old -> new
+                gf_files+="${code//./ } $rest"$'\n' ;;
+            "? "*) gf_files+="?? ${line:2}"$'\n' ;;
+            "! "*) gf_files+="!! ${line:2}"$'\n' ;;
+        esac
+    done <<<"$2"
+    if [ "$oid" = "(initial)" ]; then oid=; fi
+    if [ "$branch" = "(detached)" ]; then branch=; fi
+    # an upstream without a distance is gone (v1's [gone]), unless there is no commit yet to count from: then ask
+    if [ -n "$upstream" ] && [ -z "$ab" ]; then
+        if [ -n "$oid" ] || ! gf_git "$1" rev-parse -q --verify '@{upstream}' >/dev/null 2>&1; then upstream=; fi
+    fi
+    echo "head=$oid"
+    echo "branch=$branch"
+    echo "upstream=$upstream"
+    if [ -z "$upstream" ] || [ -z "$oid" ] || [ -z "$ab" ]; then echo "ahead_behind="; return 0; fi
+    rest=${ab#+}
+    printf 'ahead_behind=%s\t%s\n' "${rest%% *}" "${rest#* -}"
+}
+
+# $1: the checkout; $2...: where sgl-kernel may live in it (gf_kernel_dir). A checkout's top holds .git (a
+# directory, or a file in a worktree): there two or three git commands answer, one status (porcelain v2: HEAD,
+# branch, upstream, distance, files), the origin, and the stashes only where there may be any. Anything else (no
+# .git: a plain directory or a subdirectory; a status that fails: a bare or broken repository) is told apart as
+# before: rev-parse for the top and HEAD, then porcelain v1.
 gf_checkout() {
     local dir=$1 top real out head= status rc line files=
     shift
@@ -229,23 +269,31 @@ gf_checkout() {
     if [ ! -e "$dir" ]; then echo "exists=no"; echo "present=no"; return 0; fi
     echo "exists=yes"
     if ! command -v git >/dev/null 2>&1; then echo "gpufleet: git not found"; return 127; fi
-    out=$(gf_git "$dir" rev-parse --show-toplevel --verify -q HEAD 2>/dev/null)
-    top=${out%%$'\n'*}
-    case "$out" in *$'\n'*) head=${out#*$'\n'} ;; esac
-    real=$(cd -- "$dir" 2>/dev/null && pwd -P) || real=$dir
-    if [ -z "$top" ] || [ "$top" != "$real" ]; then echo "present=no"; echo "toplevel=$top"; return 0; fi
-    echo "present=yes"
-    echo "head=$head"
     # --ahead-behind: a status.aheadBehind=false in the host's git config would leave out the counts
-    status=$(gf_git "$dir" status --porcelain=v1 --branch --ahead-behind 2>&1)
-    rc=$?
-    if [ "$rc" = 0 ]; then
-        while IFS= read -r line; do
-            case "$line" in
-                "## "*) gf_branch_line "${line#\#\# }" "$head" ;;
-                *) files+=$line$'\n' ;;
-            esac
-        done <<<"$status"
+    if [ -e "$dir/.git" ] && [ -z "${GIT_DIR:-}${GIT_WORK_TREE:-}" ] \
+        && status=$(gf_git "$dir" status --porcelain=v2 --branch --ahead-behind 2>/dev/null); then
+        rc=0
+        echo "present=yes"
+        gf_status_v2 "$dir" "$status"
+        files=$gf_files
+    else
+        out=$(gf_git "$dir" rev-parse --show-toplevel --verify -q HEAD 2>/dev/null)
+        top=${out%%$'\n'*}
+        case "$out" in *$'\n'*) head=${out#*$'\n'} ;; esac
+        real=$(cd -- "$dir" 2>/dev/null && pwd -P) || real=$dir
+        if [ -z "$top" ] || [ "$top" != "$real" ]; then echo "present=no"; echo "toplevel=$top"; return 0; fi
+        echo "present=yes"
+        echo "head=$head"
+        status=$(gf_git "$dir" status --porcelain=v1 --branch --ahead-behind 2>&1)
+        rc=$?
+        if [ "$rc" = 0 ]; then
+            while IFS= read -r line; do
+                case "$line" in
+                    "## "*) gf_branch_line "${line#\#\# }" "$head" ;;
+                    *) files+=$line$'\n' ;;
+                esac
+            done <<<"$status"
+        fi
     fi
     echo "remote_url=$(gf_git "$dir" remote get-url origin 2>/dev/null)"
     gf_kernel_dir "$dir" "$@"

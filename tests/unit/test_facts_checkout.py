@@ -145,13 +145,48 @@ def _states(tmp_path):
     _git(co, "push", "-q", "origin", ":gone")
     _git(co, "fetch", "-q", "--prune")
     yield "upstream gone"
+    _git(co, "stash", "drop", "-q")
+    _git(co, "checkout", "-q", "-f", "-B", "main", "origin/main")
+    (co / "old name.py").write_text("a\n" * 50)
+    (co / "del.py").write_text("d\n")
+    (co / "both.py").write_text("base\n")
+    _git(co, "add", "-A")
+    _git(co, "commit", "-q", "-m", "files")
+    _git(co, "mv", "old name.py", "new\tname.py")
+    (co / "del.py").unlink()
+    (co / "ignored.log").write_text("x\n")
+    (co / ".gitignore").write_text("*.log\n")
+    yield "a rename to a quoted name, a deletion, an ignored file"
+    _git(co, "reset", "-q", "--hard")
+    _git(co, "checkout", "-q", "-b", "side")
+    (co / "both.py").write_text("side\n")
+    _git(co, "commit", "-q", "-am", "side")
+    _git(co, "checkout", "-q", "main")
+    (co / "both.py").write_text("main\n")
+    _git(co, "commit", "-q", "-am", "main")
+    _git(co, "merge", "-q", "side", check=False)
+    yield "a merge conflict"
+    _git(co, "merge", "--abort")
+    _git(co, "checkout", "-q", "--orphan", "fresh")
+    _git(co, "config", "branch.fresh.remote", "origin")
+    _git(co, "config", "branch.fresh.merge", "refs/heads/main")
+    yield "no commit yet on a branch whose upstream exists"
+
+
+def _entries(section: str) -> list[tuple[str, str]]:
+    lines = section.split("@@status\n")[1].split("@@stash")[0].splitlines()
+    return [(line[:2], " -> ".join(unquote_path(p) for p in line[3:].split(" -> "))) for line in lines if line]
 
 
 def test_one_status_answers_what_a_command_each_did(tmp_path):
     seen = {}
     for state in _states(tmp_path):
         co = tmp_path / "co"
-        new, old = parse_checkout(_section(co), "h"), parse_checkout(_one_command_each(co), "h")
+        section, oracle = _section(co), _one_command_each(co)
+        new, old = parse_checkout(section, "h"), parse_checkout(oracle, "h")
+        # the file lines' codes and paths as porcelain v1 gives them (the section reads v2 where it can; v1 also
+        # quotes a path with a space, v2 does not: the parser reads both)
+        assert _entries(section) == _entries(oracle), state
         assert new.model_dump(exclude={"kernel_dir", "kernel_name", "kernel_version"}) == old.model_dump(
             exclude={"kernel_dir", "kernel_name", "kernel_version"}), state
         seen[state] = (new.branch, new.upstream, new.ahead, new.behind, len(new.modified), len(new.untracked),
@@ -165,4 +200,33 @@ def test_one_status_answers_what_a_command_each_did(tmp_path):
     assert seen["detached"][:4] == (None, None, None, None)
     assert seen["a branch without upstream"][:4] == ("local", None, None, None)
     assert seen["upstream gone"][:4] == ("local", None, None, None)
-    assert len(seen) == 11
+    assert seen["a rename to a quoted name, a deletion, an ignored file"][4:6] == (2, 1)
+    assert seen["a merge conflict"][4] == 1
+    assert seen["no commit yet on a branch whose upstream exists"][:4] == ("fresh", "origin/main", None, None)
+    assert len(seen) == 14
+
+
+def test_a_converged_checkout_costs_two_git_commands(tmp_path):
+    """One status (porcelain v2: HEAD, branch, upstream, distance, files) and the origin: no rev-parse, and no stash
+    list without a stash reflog; a subdirectory still goes the old way (rev-parse tells it is not the top)."""
+    states = _states(tmp_path)
+    for state in states:
+        if state == "in step with upstream":
+            break
+    co, trace = tmp_path / "co", tmp_path / "trace"
+
+    def commands(path) -> list[str]:
+        trace.write_text("")
+        script = remote.text("facts.sh") + '\ngf_checkout "$1" sgl-kernel\n'
+        subprocess.run(["bash", "-c", script, "facts", str(path)], check=True, capture_output=True,
+                       env={**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TRACE": str(trace)})
+        return [line.split("built-in: git ", 1)[1].split()[0]
+                for line in trace.read_text().splitlines() if "built-in: git " in line]
+
+    assert commands(co) == ["status", "remote"]
+    _git(co, "stash", "push", "-q", "--include-untracked", "-m", "x", check=False)
+    (co / "f").write_text("x\n")
+    _git(co, "stash", "push", "-q", "--include-untracked", "-m", "kept")
+    assert commands(co)[:3] == ["status", "remote", "stash"]  # (stash list may run a `git log` of its own)
+    (co / "sub").mkdir()
+    assert commands(co / "sub")[0] == "rev-parse"

@@ -315,19 +315,18 @@ def test_a_section_still_running_at_the_deadline_is_stopped_with_all_under_it(tm
     printed, the sleep it started is killed too, and the others are read as they are."""
     import time
 
-    pids = tmp_path / "pids"
     started = time.monotonic()
     out = _sections("gf_limit 2\n"
-                    f"gf_section hung bash -c 'echo started; sleep 300 & echo $! > {pids}; wait'\n"
+                    f"gf_section hung bash -c 'echo started; sleep 300 & echo $! > {tmp_path}/hung.pid; wait'\n"
                     "gf_section fine echo fine\n"
-                    f"gf_section quiet bash -c 'sleep 300 & echo $! >> {pids}; wait'\n")
+                    f"gf_section quiet bash -c 'sleep 300 & echo $! > {tmp_path}/quiet.pid; wait'\n")
     assert time.monotonic() - started < 60
     assert list(out) == ["hung", "fine", "quiet"]
     assert (out["hung"].rc, out["hung"].text.strip()) == (124, "started\ngpufleet: still running after 2s: stopped")
     assert (out["fine"].rc, out["fine"].text.strip()) == (0, "fine")
     assert (out["quiet"].rc, out["quiet"].text.strip()) == (124, "gpufleet: still running after 2s: stopped")
-    sleeps = [int(p) for p in pids.read_text().split()]
-    assert len(sleeps) == 2 and all(_gone(pid) for pid in sleeps)
+    sleeps = [int((tmp_path / f"{name}.pid").read_text()) for name in ("hung", "quiet")]
+    assert all(_gone(pid) for pid in sleeps)
 
 
 def test_sections_within_the_deadline_are_read_whole():
