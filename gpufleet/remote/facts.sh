@@ -143,15 +143,16 @@ gf_venv_python() {
 }
 
 # The venv's Python version and its installed distributions from one python process (facts_dists.py reads the
-# metadata directories as pip would, ~0.02 s against pip list's ~0.35 s). Prints the python section's text, then
-# the packages section's header and text itself. $1: the venv; $2: facts_dists.py's source.
+# metadata directories as pip would, ~0.02 s against pip list's ~0.35 s; -S: it runs site itself, without the
+# import lines of setuptools' .pth files). Prints the python section's text, then the packages section's header and
+# text itself. $1: the venv; $2: facts_dists.py's source.
 gf_venv() {
     local out rc
     if ! gf_venv_python "$1"; then
         printf '@@gpufleet-section packages rc=127@@\ngpufleet: venv missing: %s\n' "$1"
         return 127
     fi
-    out=$("$1/bin/python" -c "$2" 2>&1)
+    out=$("$1/bin/python" -S -c "$2" 2>&1)
     rc=$?
     printf '%s\n' "$out"
     # a reader that died before its packages header: the packages section still comes, with its exit code

@@ -1,7 +1,8 @@
 # gpufleet facts: the venv's Python version, then its installed distributions, read from their metadata directories
 # (what `pip list --format=json` answers, without pip's ~0.3 s of imports). Run by the venv's own python with
-# `python -c`, from `/`, no arguments. Prints the version (`3.12.3`), the `@@gpufleet-section packages rc=0@@` header,
-# then one JSON line shaped like pip's: [{"name": ..., "version": ...[, "editable_project_location": ...]}].
+# `python -S -c`, from `/`, no arguments (start_site builds sys.path). Prints the version (`3.12.3`), the
+# `@@gpufleet-section packages rc=0@@` header, then one JSON line shaped like pip's:
+# [{"name": ..., "version": ...[, "editable_project_location": ...]}].
 # Stdlib only, Python 3.8+. Mirrors pip's importlib backend: sys.path in order (site's .pth files included), every
 # `*.dist-info` / `*.egg-info` (directory or file) and a path entry that is itself an `.egg`, then `*.egg-link`
 # targets; the first of a name (canonicalised from the directory's name) wins; names that are not valid project
@@ -167,35 +168,94 @@ def safe_name(name):
     return "".join(out)
 
 
+# direct_url.json for an editable install from a directory, as pip (json.dumps, sorted keys) and uv write it
+_EDITABLE_FORMS = (('{"dir_info": {"editable": true}, "url": "', '"}'), ('{"url":"', '","dir_info":{"editable":true}}'))
+
+
+def egg_linked(info, raw_name, listings):
+    """The project directory holding the egg-info when a `<name>.egg-link` is on sys.path (`setup.py develop`).
+    listings: each sys.path entry's names, read once (was a stat per entry and name for every distribution)."""
+    names = (safe_name(raw_name) + ".egg-link", raw_name + ".egg-link")
+    for entry, children in listings:
+        if children and any(name in children and os.path.isfile(os.path.join(entry, name)) for name in names):
+            return os.path.dirname(info)
+    return None
+
+
+def file_path(url):
+    """unquote(urlsplit(url).path) for a file: URL on this host (netloc empty or localhost), else None. Only a URL
+    with %, ?, # or an unprintable character needs urllib (~8 ms of imports)."""
+    for head in ("file:///", "file://localhost/"):
+        if url.startswith(head) and url.isprintable() and not any(c in url for c in "%?#"):
+            return url[len(head) - 1:]
+    from urllib.parse import unquote, urlsplit  # not urllib.request (url2pathname): 40 ms of imports
+    parts = urlsplit(url)
+    return unquote(parts.path) if parts.netloc in ("", "localhost") else None
+
+
 def editable_location(info, raw_name, listings):
     """pip's editable_project_location: a local editable direct_url.json, else a `<name>.egg-link` on sys.path.
-    listings: each sys.path entry's names, read once (was a stat per entry and name for every distribution)."""
+    The two shapes an editable install writes are read as they are, and a file that cannot say editable (no
+    `"editable"`, no escape) needs no parse unless an egg-link would answer for an unreadable one; anything else
+    goes through json (json and re: ~8 ms of imports)."""
     try:
         with open(os.path.join(info, "direct_url.json")) as handle:
             text = handle.read()
     except OSError:
-        text = None
-    if text is not None:
-        import json
-        try:
-            direct = json.loads(text)
-        except ValueError:
-            direct = None
-    else:
+        return egg_linked(info, raw_name, listings)
+    if "\\" not in text:
+        stripped = text.strip(" \t\n\r")  # what JSON counts as whitespace, no more
+        for head, tail in _EDITABLE_FORMS:
+            url = stripped[len(head):len(stripped) - len(tail)]
+            if (len(stripped) >= len(head) + len(tail) and stripped.startswith(head) and stripped.endswith(tail)
+                    and '"' not in url and url.isprintable()):
+                return file_path(url) if url.startswith("file:") else None
+        if '"editable"' not in text and egg_linked(info, raw_name, listings) is None:
+            return None  # not editable; and were the JSON unsound, no egg-link would answer either
+    import json
+    try:
+        direct = json.loads(text)
+    except ValueError:
         direct = None
     if isinstance(direct, dict) and isinstance(direct.get("url"), str):
         dir_info = direct.get("dir_info")
         if isinstance(dir_info, dict) and dir_info.get("editable") is True and direct["url"].startswith("file:"):
-            from urllib.parse import unquote, urlsplit  # not urllib.request (url2pathname): 40 ms of imports
-            parts = urlsplit(direct["url"])
-            if parts.netloc in ("", "localhost"):
-                return unquote(parts.path)
+            return file_path(direct["url"])
         return None
-    names = (safe_name(raw_name) + ".egg-link", raw_name + ".egg-link")
-    for entry, children in listings:
-        if children and any(name in children and os.path.isfile(os.path.join(entry, name)) for name in names):
-            return os.path.dirname(info)  # the project directory holding the egg-info
-    return None
+    return egg_linked(info, raw_name, listings)
+
+
+def held_back(name):
+    """setuptools' own .pth files, whose import lines install import hooks and add no directory a listing reads:
+    distutils-precedence.pth (the distutils shim) and __editable__.*.pth (an editable install's finder; it may append a
+    placeholder entry that names no directory). Their import lines cost a host ~15 ms at every start (pathlib and
+    the finder); their path lines are still read."""
+    return name == "distutils-precedence.pth" or (name.startswith("__editable__.") and name.endswith(".pth"))
+
+
+def start_site():
+    """Under -S (as the facts script starts this): site's sys.path as a normal start builds it, each .pth file
+    read as site reads it, except the import lines of the files held_back() names. Without -S: nothing to do."""
+    if not sys.flags.no_site:
+        return
+    import site
+
+    original = site.addpackage
+
+    def addpackage(sitedir, name, known_paths):
+        if not held_back(name):
+            return original(sitedir, name, known_paths)
+        site.exec = lambda *args, **kwargs: None  # addpackage runs import lines with exec(), found in site's globals
+        try:
+            return original(sitedir, name, known_paths)
+        finally:
+            del site.exec
+
+    site.addpackage = addpackage
+    try:
+        site.main()
+    finally:
+        site.addpackage = original
 
 
 def distributions():
@@ -234,6 +294,7 @@ def as_json(rows):
 
 
 if __name__ == "__main__":
+    start_site()
     print(sys.version.split()[0])
     print("@@gpufleet-section packages rc=0@@")
     print(as_json(distributions()))

@@ -37,10 +37,10 @@ def dist_info(site: Path, dirname: str, name: str | None, version: str, **files:
     return info
 
 
-def read(venv: Path) -> tuple[str, str]:
-    """(python section text, packages section text) from the reader run as the facts script runs it."""
-    proc = subprocess.run([str(venv / "bin" / "python"), "-c", remote.text("facts_dists.py")], cwd="/",
-                          capture_output=True, text=True, check=True, env=CLEAN_ENV)
+def read(venv: Path, *flags: str) -> tuple[str, str]:
+    """(python section text, packages section text) from the reader run as the facts script runs it (-S)."""
+    proc = subprocess.run([str(venv / "bin" / "python"), *(flags or ("-S",)), "-c", remote.text("facts_dists.py")],
+                          cwd="/", capture_output=True, text=True, check=True, env=CLEAN_ENV)
     version, header, listing = proc.stdout.split("\n", 2)
     assert header == "@@gpufleet-section packages rc=0@@"
     return version, listing
@@ -168,6 +168,35 @@ def test_same_answer_as_this_machines_pip(tmp_path):
     assert json.loads(read(venv)[1]) == json.loads(pip.stdout)
 
 
+def test_setuptools_pth_import_lines_are_held_back_and_the_listing_is_pips(tmp_path):
+    """setuptools' distutils-precedence.pth and an editable install's finder .pth: their import lines are not run
+    under -S (each would leave a mark), their path lines are read; any other .pth's import line runs as site runs
+    it, here one that puts a directory holding a distribution on sys.path. pip lists the same."""
+    venv = tmp_path / "venv"
+    try:
+        site = make_venv(venv, pip=True)
+    except subprocess.CalledProcessError:
+        pytest.skip("this python cannot make a venv with pip (no ensurepip)")
+    marks, project, extra = tmp_path / "marks", tmp_path / "project", tmp_path / "extra"
+    for directory in (marks, project, extra):
+        directory.mkdir()
+    dist_info(project, "ed_pkg-0.1.dist-info", "ed-pkg", "0.1")
+    dist_info(extra, "extra_pkg-2.0.dist-info", "extra-pkg", "2.0")
+    (site / "_finder_mod.py").write_text(f"import sys\ndef install():\n    open({str(marks / 'finder')!r}, 'w')\n"
+                                         "    sys.path.append('__editable__.ed_pkg-0.1.finder.__path_hook__')\n")
+    (site / "__editable__.ed_pkg-0.1.pth").write_text(f"{project}\nimport _finder_mod; _finder_mod.install()\n")
+    (site / "distutils-precedence.pth").write_text(f"import os; open({str(marks / 'distutils')!r}, 'w')\n")
+    (site / "zz_other.pth").write_text(f"import sys; open({str(marks / 'other')!r}, 'w'); "
+                                       f"sys.path.append({str(extra)!r})\n")
+    listing = json.loads(read(venv)[1])
+    assert sorted(p.name for p in marks.iterdir()) == ["other"]
+    assert {"name": "ed-pkg", "version": "0.1"} in listing and {"name": "extra-pkg", "version": "2.0"} in listing
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=json",
+                          "--disable-pip-version-check"], cwd="/", capture_output=True, text=True, check=True,
+                         env=CLEAN_ENV)
+    assert listing == json.loads(pip.stdout) == json.loads(read(venv, "-X", "utf8")[1])  # a normal start: the same
+
+
 def test_a_reader_that_dies_still_gives_a_packages_section(tmp_path):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
@@ -252,3 +281,54 @@ def test_the_real_listing_imports_neither_json_nor_re(h200_venv):
     proc = subprocess.run([str(h200_venv / "bin" / "python"), "-c", code], cwd="/", capture_output=True, text=True,
                           check=True, env=CLEAN_ENV)
     assert proc.stdout.splitlines()[-1] == "[]"
+
+
+def reference_location(text: str | None, egg_link: str | None) -> str | None:
+    """What the reader answered before its plain-string forms: every direct_url.json through json and urllib."""
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        direct = json.loads(text) if text is not None else None
+    except ValueError:
+        direct = None
+    if isinstance(direct, dict) and isinstance(direct.get("url"), str):
+        dir_info = direct.get("dir_info")
+        if isinstance(dir_info, dict) and dir_info.get("editable") is True and direct["url"].startswith("file:"):
+            parts = urlsplit(direct["url"])
+            return unquote(parts.path) if parts.netloc in ("", "localhost") else None
+        return None
+    return egg_link
+
+
+URLISH = st.lists(st.sampled_from(["file://", "file:///", "file://localhost/", "FILE:///", "https://h/", "root",
+                                   "/", "a b", "%20", "%e2%82%ac", "?q", "#f", '"', "\\", "\t", "\n", "é", "\x7f",
+                                   "\u2028", ".."]), max_size=6).map("".join)
+DIRECT_URL = st.one_of(
+    URLISH.map(lambda u: json.dumps({"dir_info": {"editable": True}, "url": u}, sort_keys=True)),
+    URLISH.map(lambda u: json.dumps({"url": u, "dir_info": {"editable": True}}, separators=(",", ":"))),
+    URLISH.map(lambda u: '{"dir_info": {"editable": true}, "url": "' + u + '"}'),  # written without escaping
+    URLISH.map(lambda u: json.dumps({"archive_info": {"hashes": {"sha256": "ab"}}, "url": u}, sort_keys=True)),
+    st.builds(lambda u, e: json.dumps({"url": u, "dir_info": {"editable": e}}), URLISH,
+              st.sampled_from([True, False, 1, "true", None])),
+    st.text(alphabet=st.sampled_from('{}[]":, \t\x0b\ufefftruefalsdiuelbe'), max_size=40),
+)
+
+
+@given(DIRECT_URL, st.booleans(), st.sampled_from(["", " ", "\n", "\x0b", "\ufeff"]))
+@example('{"dir_info": {"editable": true}, "url": "file:///srv/my proj"}', False, "")
+@example('{"dir_info": {"editable": true}, "url": "file:///srv/my%20proj"}', False, "\n")
+@example('{"url":"file://localhost/srv/p","dir_info":{"editable":true}}', True, "")
+@example('{"dir_info": {"editable": true}, "url": "file:///srv/p"}', False, "\x0b")  # no JSON whitespace
+@example(json.dumps({"dir_info": {"editable": True}, "url": "file:///a\tb"}, sort_keys=True), False, "")
+@example("not json", True, "")
+@example('{"url": "file:///x", "dir_info": {}}', True, "")
+def test_editable_location_as_json_and_urllib_answer(tmp_path_factory, text, egg_link, pad):
+    info = tmp_path_factory.mktemp("d") / "proj" / "pkg.egg-info"
+    info.mkdir(parents=True)
+    (info / "direct_url.json").write_text(pad + text + pad, encoding="utf-8")
+    entry = info.parent.parent
+    if egg_link:
+        (entry / "pkg.egg-link").write_text(str(info.parent))
+    listings = [(str(entry), set(os.listdir(entry)))]
+    expected = reference_location(pad + text + pad, str(info.parent) if egg_link else None)
+    assert READER["editable_location"](str(info), "pkg", listings) == expected
