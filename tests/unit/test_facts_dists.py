@@ -169,9 +169,10 @@ def test_same_answer_as_this_machines_pip(tmp_path):
 
 
 def test_setuptools_pth_import_lines_are_held_back_and_the_listing_is_pips(tmp_path):
-    """setuptools' distutils-precedence.pth and an editable install's finder .pth: their import lines are not run
-    under -S (each would leave a mark), their path lines are read; any other .pth's import line runs as site runs
-    it, here one that puts a directory holding a distribution on sys.path. pip lists the same."""
+    """The .pth files whose import lines only install import hooks (setuptools' distutils-precedence, virtualenv's,
+    numba-cuda's redirector, an editable install's finder): those lines are not run under -S (each would leave a
+    mark), their path lines are read; any other .pth's import line runs as site runs it, here one that puts a
+    directory holding a distribution on sys.path. pip lists the same."""
     venv = tmp_path / "venv"
     try:
         site = make_venv(venv, pip=True)
@@ -185,7 +186,8 @@ def test_setuptools_pth_import_lines_are_held_back_and_the_listing_is_pips(tmp_p
     (site / "_finder_mod.py").write_text(f"import sys\ndef install():\n    open({str(marks / 'finder')!r}, 'w')\n"
                                          "    sys.path.append('__editable__.ed_pkg-0.1.finder.__path_hook__')\n")
     (site / "__editable__.ed_pkg-0.1.pth").write_text(f"{project}\nimport _finder_mod; _finder_mod.install()\n")
-    (site / "distutils-precedence.pth").write_text(f"import os; open({str(marks / 'distutils')!r}, 'w')\n")
+    for hook in ("distutils-precedence.pth", "_virtualenv.pth", "_numba_cuda_redirector.pth"):
+        (site / hook).write_text(f"# {hook}\n\nimport os; open({str(marks / hook)!r}, 'w')\n")
     (site / "zz_other.pth").write_text(f"import sys; open({str(marks / 'other')!r}, 'w'); "
                                        f"sys.path.append({str(extra)!r})\n")
     listing = json.loads(read(venv)[1])
