@@ -115,17 +115,38 @@ gf_mem() {
     done </proc/meminfo
 }
 
+# Each path's free space, as `path=`, `checked=` (the nearest directory that exists) and `df -PB1` of it. One df for
+# all of them (a process each was ~1.3 ms of the host's CPU), its header and rows dealt out in order; should df fail
+# or answer with other than one row a path, each path gets a df of its own, errors and all.
 gf_disk() {
-    local asked at rc=0
+    local asked at rc=0 out line header= i=0
+    local -a ats=() rows=()
     for asked in "$@"; do
         at=$asked
         # up to the nearest directory that exists (dirname's answer, without a process a level)
         while [ ! -e "$at" ] && [ "$at" != / ] && [ "$at" != . ]; do
             case "$at" in */*) at=${at%/*}; at=${at:-/} ;; *) at=. ;; esac
         done
+        ats+=("$at")
+    done
+    if [ $# -eq 0 ]; then return 0; fi
+    if out=$(df -PB1 -- "${ats[@]}" 2>/dev/null); then
+        while IFS= read -r line; do
+            if [ -z "$header" ]; then header=$line; else rows+=("$line"); fi
+        done <<<"$out"
+    fi
+    if [ ${#rows[@]} -eq $# ]; then
+        for asked in "$@"; do
+            printf 'path=%s\nchecked=%s\n%s\n%s\n' "$asked" "${ats[i]}" "$header" "${rows[i]}"
+            i=$((i + 1))
+        done
+        return 0
+    fi
+    for asked in "$@"; do
         echo "path=$asked"
-        echo "checked=$at"
-        df -PB1 -- "$at" || rc=$?
+        echo "checked=${ats[i]}"
+        df -PB1 -- "${ats[i]}" || rc=$?
+        i=$((i + 1))
     done
     return $rc
 }

@@ -408,3 +408,38 @@ def test_a_failed_or_unkept_answer_is_not_remembered(counting_smi, tmp_path):
     assert _header(env)[0] == "13.0"
     assert _header(env)[0] == "13.0"
     assert len(Path(env["SMI_CALLS"]).read_text().splitlines()) == 3
+
+
+def _disk(paths: list[str], prelude: str = "", env: dict | None = None) -> str:
+    """The disk section's function run by bash (stderr into stdout, as a section runs), then its exit code."""
+    from gpufleet import remote
+
+    script = remote.text("facts.sh") + prelude + '\ngf_disk "$@" 2>&1\necho "rc=$?"\n'
+    return subprocess.run(["bash", "-c", script, "disk", *paths], capture_output=True, text=True, check=True,
+                          env={**os.environ, **(env or {})}).stdout
+
+
+def test_one_df_for_every_disk_path_reads_as_one_each(tmp_path):
+    """The disk section asks df once for all paths; parsed, it is what a df a path gave (the walk up included)."""
+    from gpufleet.facts.system import parse_disks
+
+    paths = [str(tmp_path), "/", str(tmp_path / "not" / "there"), "/dev/shm", "relative/one"]
+    one_each = '\ndf() { if [ $# -gt 3 ]; then return 1; fi; command df "$@"; }'  # a batch fails: the old way
+    together, apart = _disk(paths), _disk(paths, one_each)
+    assert together.endswith("rc=0\n") and apart.endswith("rc=0\n")
+    assert parse_disks(together, "h") == parse_disks(apart, "h")
+    assert [d.path for d in parse_disks(together, "h")] == paths
+    short = '\ndf() { command df "$@" | head -n 2; }'  # a batch answered with a row missing: each path asked again
+    assert parse_disks(_disk(paths, short), "h") == parse_disks(apart, "h")
+    calls = tmp_path / "calls"
+    _disk(paths, '\ndf() { echo call >> "$DF_CALLS"; command df "$@"; }', {"DF_CALLS": str(calls)})
+    assert calls.read_text() == "call\n"
+
+
+def test_a_df_that_fails_for_one_path_still_answers_the_others(tmp_path):
+    failing = '\ndf() { case " $* " in *" /dev/shm "*) echo "df: /dev/shm: boom" >&2; return 1 ;; esac; ' \
+              'command df "$@"; }'
+    out = _disk([str(tmp_path), "/dev/shm", "/"], failing)
+    assert out.endswith("rc=1\n")
+    assert out.count("Filesystem") == 2
+    assert out.index("path=/dev/shm") < out.index("df: /dev/shm: boom") < out.index("path=/\n")
