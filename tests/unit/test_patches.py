@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -287,6 +288,27 @@ def test_a_judgement_is_remembered_until_something_it_reads_changes(fleet_repo, 
     assert not judge(co, other).remembered
     memo = tmp_path / "host-cache" / "patch-judgements"
     assert memo.stat().st_mode & 0o777 == 0o700 and len(list(memo.iterdir())) == 5  # one per fresh judgement
+
+
+def test_another_git_is_judged_afresh_without_asking_its_version(fleet_repo, shipped, tmp_path, monkeypatch):
+    """The memo's key holds the git binary bash ran (a git upgrade replaces it); `git --version` is not run."""
+    monkeypatch.setenv("GPUFLEET_HOST_CACHE", str(tmp_path / "host-cache"))
+    bare, co = fleet_repo
+    real = shutil.which("git")
+    wrapper = tmp_path / "bin" / "git"
+    wrapper.parent.mkdir()
+    log = tmp_path / "git-calls"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    judge(co, shipped)
+    assert judge(co, shipped).remembered
+    monkeypatch.setenv("PATH", f"{wrapper.parent}:{os.environ['PATH']}")
+    assert not judge(co, shipped).remembered  # another binary: judged afresh
+    log.write_text("")
+    assert judge(co, shipped).remembered
+    assert "--version" not in log.read_text() and log.read_text()  # the wrapper ran, never for its version
+    wrapper.write_text(wrapper.read_text() + "# upgraded\n")
+    assert not judge(co, shipped).remembered  # the same path, a new file
 
 
 def test_a_cache_that_cannot_be_written_only_means_judging_afresh(fleet_repo, shipped, tmp_path, monkeypatch):
