@@ -1,7 +1,7 @@
 """Benchmark (on demand): how the control node scales with the number of hosts, on light hosts (issue 13).
 
-A light host is one private sshd (no systemd, no container) answering on 127.0.1.1, 127.0.1.2, ...: every name is
-its own address in the inventory and known_hosts, so gpufleet opens one SSH connection per host and runs the whole
+A light host (bench/light_hosts.py) is one private sshd (no systemd, no container) answering on 127.0.1.1,
+127.0.1.2, ...: every name is its own address in the inventory and known_hosts, so gpufleet opens one SSH connection per host and runs the whole
 facts script there, as on a real box (the venv is a plain one made here; no GPUs: the GPU section says so). For each
 N and parallelism cap it runs `inv status --json` WARMUPS (1) + RUNS times and prints the median wall time, the control node's
 CPU and peak memory (ru_maxrss of the inv process). The hosts' work runs on the same machine, so wall time here
@@ -16,7 +16,6 @@ import argparse
 import os
 import resource
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -25,44 +24,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PORT = 2299
+sys.path.insert(0, str(REPO / "bench"))
 
-
-def start_sshd(work: Path) -> subprocess.Popen:
-    """One sshd on 0.0.0.0:PORT for root with a fresh key pair; its host key goes into known_hosts per address."""
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(work / "host_key")], check=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(work / "client_key")], check=True)
-    (work / "authorized_keys").write_text((work / "client_key.pub").read_text())
-    os.chmod(work, 0o755)
-    (work / "sshd_config").write_text(
-        f"Port {PORT}\nListenAddress 0.0.0.0\nHostKey {work / 'host_key'}\nPidFile {work / 'sshd.pid'}\n"
-        f"AuthorizedKeysFile {work / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
-        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-        "MaxStartups 1024\nMaxSessions 64\nLogLevel ERROR\n")
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
-    proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(work / "sshd_config")],
-                            stderr=open(work / "sshd.log", "w"))
-    for _ in range(100):
-        if subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{PORT}"], capture_output=True).returncode == 0:
-            return proc
-        time.sleep(0.1)
-    raise SystemExit(f"bench: sshd did not start: {(work / 'sshd.log').read_text()[-2000:]}")
-
-
-def write_inventory(work: Path, hosts: int, parallel: int, venv: Path) -> Path:
-    key = (work / "host_key.pub").read_text().split()
-    addresses = [f"127.0.{1 + i // 250}.{1 + i % 250}" for i in range(hosts)]
-    (work / "known_hosts").write_text("".join(f"[{a}]:{PORT} {key[0]} {key[1]}\n" for a in addresses))
-    text = (f'[settings]\nknown_hosts = "{work / "known_hosts"}"\nparallelism = {parallel}\nconnect_timeout = 60\n'
-            f'ssh_config = "{work / "ssh_config"}"\n\n'
-            f'[defaults]\nuser = "root"\nport = {PORT}\nidentity_file = "{work / "client_key"}"\nvenv = "{venv}"\n'
-            f'sglang_checkout = "/nonexistent/sglang"\nservice = "sglang"\nmodel_path = "/tmp"\n\n'
-            '[defaults.gpus]\ncount = 1\ncompute_capability = "9.0"\n\n')
-    text += "".join(f'[hosts.h{i + 1}]\naddress = "{a}"\n\n' for i, a in enumerate(addresses))
-    (work / "ssh_config").write_text("")
-    path = work / f"inv-{hosts}-{parallel}.toml"
-    path.write_text(text)
-    return path
+from light_hosts import LightHosts  # noqa: E402
 
 
 def run_status(inventory: Path) -> tuple[float, float, int]:
@@ -102,12 +66,14 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gpufleet-scale-"))
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    sshd, rows = None, []
+    sshd, rows = LightHosts(work, max(map(int, args.hosts.split(",")))), []
     try:
-        sshd = start_sshd(work)
+        sshd.start()
         for parallel in map(int, args.parallel.split(",")):
             for hosts in map(int, args.hosts.split(",")):
-                inventory = write_inventory(work, hosts, parallel, venv)
+                inventory = LightHosts(work, hosts).write_inventory(
+                    work / f"inv-{hosts}-{parallel}.toml", venv=venv, checkout=Path("/nonexistent/sglang"),
+                    parallel=parallel)
                 for _ in range(args.warmups):
                     run_status(inventory)
                 samples = [run_status(inventory) for _ in range(args.runs)]
@@ -116,9 +82,7 @@ def main() -> None:
                 print(f"  {hosts} hosts, parallelism {parallel}: {wall:.2f} s wall, {cpu:.2f} s CPU, {rss} MiB",
                       file=sys.stderr)
     finally:
-        if sshd is not None:
-            sshd.send_signal(signal.SIGTERM)
-            sshd.wait(timeout=30)
+        sshd.stop()
         shutil.rmtree(work, ignore_errors=True)
     print("| hosts | parallelism | wall (median) | control CPU | CPU per host | peak RSS |")
     print("|---|---|---|---|---|---|")
