@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import shutil
 from pathlib import Path
 
@@ -22,6 +23,11 @@ def pytest_configure(config):
     os.environ["GPUFLEET_LOCKS_DIR"] = tempfile.mkdtemp(prefix="gpufleet-test-locks-")
     # what a host remembers (patch judgements, stack checks), for the remote scripts the tests run locally
     os.environ["GPUFLEET_HOST_CACHE"] = tempfile.mkdtemp(prefix="gpufleet-test-host-cache-")
+    # The Ctrl-C tests press Ctrl-C as a person at a terminal does. A suite started as a background job of a
+    # non-interactive shell (`cmd &`, nohup) inherits SIGINT ignored, Python keeps it so, and every `inv` the tests
+    # start would inherit it too: give the run a terminal's SIGINT (its exec'd children then get the default).
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _sim_unavailable() -> str | None:
