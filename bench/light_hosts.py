@@ -113,19 +113,23 @@ def _answers() -> bool:
 
 
 def _with_plain_home(work: Path, argv: list[str]) -> list[str]:
-    """argv run in a mount namespace of its own whose /root is a fresh home with the distribution's skeleton files:
-    bash sources ~/.bashrc for every command sshd runs, and a development machine's root (pyenv's init: ~0.1 s of
-    CPU a login) is not a server's. Where no namespace can be made, argv as it is."""
+    """argv run in a mount namespace of its own where root's ~/.bashrc and ~/.profile are the distribution's skeleton
+    files: bash sources ~/.bashrc for every command sshd runs, and a development machine's (pyenv's init: ~0.1 s of
+    CPU a login) is not a server's. Only those files are covered (an interpreter under /root stays reachable).
+    Where no namespace can be made, argv as it is."""
     home = work / "home"
     home.mkdir(exist_ok=True)
+    binds = []
     for dot in (".bashrc", ".profile"):
+        if not (Path("/root") / dot).is_file():
+            continue
         skeleton = Path("/etc/skel") / dot
-        if skeleton.exists():
-            shutil.copy(skeleton, home / dot)
-    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        (home / dot).write_bytes(skeleton.read_bytes() if skeleton.is_file() else b"")
+        binds.append(f"mount --bind {home / dot} /root/{dot}")
+    if not binds or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
         return argv
-    return ["unshare", "-m", "--propagation", "private", "bash", "-c", 'mount --bind "$1" /root && shift && exec "$@"',
-            "-", str(home), *argv]
+    return ["unshare", "-m", "--propagation", "private", "bash", "-c", " && ".join(binds) + ' && exec "$@"', "-",
+            *argv]
 
 
 def make_checkout(work: Path) -> Path:
