@@ -1,8 +1,8 @@
 """Benchmark (on demand): how the control node scales with the number of hosts, on light hosts (issue 13).
 
 A light host (bench/light_hosts.py) is one private sshd (no systemd, no container) answering on 127.0.1.1,
-127.0.1.2, ...: every name is its own address in the inventory and known_hosts, so gpufleet opens one SSH connection per host and runs the whole
-facts script there, as on a real box (the venv is a plain one made here; no GPUs: the GPU section says so). For each
+127.0.1.2, ...: every name is its own address in the inventory and known_hosts, so gpufleet opens one SSH connection
+per host and runs the whole facts script there, as on a real box (the venv is a plain one made here; no GPUs: the GPU section says so). For each
 N and parallelism cap it runs `inv status --json` WARMUPS (1) + RUNS times and prints the median wall time, the control node's
 CPU and peak memory (ru_maxrss of the inv process). The hosts' work runs on the same machine, so wall time here
 is an upper bound; the control CPU and memory are the figures to read.
@@ -71,9 +71,8 @@ def main() -> None:
         sshd.start()
         for parallel in map(int, args.parallel.split(",")):
             for hosts in map(int, args.hosts.split(",")):
-                inventory = LightHosts(work, hosts).write_inventory(
-                    work / f"inv-{hosts}-{parallel}.toml", venv=venv, checkout=Path("/nonexistent/sglang"),
-                    parallel=parallel)
+                inventory = sshd.write_inventory(work / f"inv-{hosts}-{parallel}.toml", venv=venv,
+                                                 checkout=Path("/nonexistent/sglang"), count=hosts, parallel=parallel)
                 for _ in range(args.warmups):
                     run_status(inventory)
                 samples = [run_status(inventory) for _ in range(args.runs)]

@@ -160,8 +160,8 @@ def commands(hosts, inventory: Path, venv: Path, work: Path) -> dict:
     pyinv, ini = tool_files(hosts, work)
     names, reads = hosts.names, user_reads(hosts.venv, hosts.checkout)
     inv = [sys.executable, "-m", "invoke", "-r", str(REPO)]
-    script = facts_script(hosts.venv, hosts.checkout, "sglang", [hosts.venv, hosts.checkout, hosts.model_path, "/tmp"])
-    # (as gather_facts sends it)
+    script = facts_script(hosts.venv, hosts.checkout, "sglang",
+                          [hosts.venv, hosts.checkout, hosts.model_path, "/tmp"])  # as gather_facts sends it
     ansible_env = {"ANSIBLE_PIPELINING": "True", "ANSIBLE_HOST_KEY_CHECKING": "True",
                    "ANSIBLE_SSH_ARGS": "-o ControlMaster=no -o ControlPersist=no", "ANSIBLE_NOCOLOR": "1",
                    "ANSIBLE_LOCAL_TEMP": str(work / "ansible-local"), "ANSIBLE_DEPRECATION_WARNINGS": "False"}
@@ -253,8 +253,7 @@ def main() -> None:
             if not args.light_venv:
                 subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
             hosts = light
-            hosts.venv, hosts.checkout = str(venv), str(make_checkout(work))
-            light.write_inventory(inventory, venv=venv, checkout=hosts.checkout)
+            light.write_inventory(inventory, venv=venv, checkout=make_checkout(work))
             where = "light hosts: one sshd on 127.0.1.x of this machine, no containers"
         else:
             fleet = SimFleet()

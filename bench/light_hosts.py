@@ -33,9 +33,9 @@ class LightHosts:
     """One sshd for root answering every 127.0.1.x address, with a fresh host key and client key under `work`."""
 
     port = PORT
-    venv: str | None = None  # what the bench's reads look at on the hosts (set by the bench)
+    venv: str | None = None  # what the hosts' inventory names (write_inventory): the bench's reads look there too
     checkout: str | None = None
-    model_path = "/tmp"  # as the inventory below says
+    model_path: str | None = None
 
     def __init__(self, work: Path, count: int):
         self.work, self.count = work, count
@@ -64,8 +64,8 @@ class LightHosts:
         if _answers():
             raise SystemExit(f"bench: port {PORT} is taken already (another bench's light hosts?): stop that first")
         self.cgroup = _own_cgroup()
-        self.proc = subprocess.Popen(_with_plain_home(work, [sshd_binary(), "-D", "-e", "-f", str(work / "sshd_config")]),
-                                     stderr=open(work / "sshd.log", "w"),
+        sshd = [sshd_binary(), "-D", "-e", "-f", str(work / "sshd_config")]
+        self.proc = subprocess.Popen(_with_plain_home(work, sshd), stderr=open(work / "sshd.log", "w"),
                                      preexec_fn=(lambda: _join(self.cgroup)) if self.cgroup else None)
         for _ in range(100):
             if _answers():
@@ -94,15 +94,19 @@ class LightHosts:
         usage = dict(line.split() for line in (self.cgroup / "cpu.stat").read_text().splitlines())
         return int(usage["usage_usec"]) / 1e6
 
-    def write_inventory(self, path: Path, *, venv: Path, checkout: Path, parallel: int = 64, gpus: int = 1,
-                        capability: str = "9.0", model_path: str = "/tmp", service: str = "sglang") -> Path:
-        """gpufleet's inventory for these hosts: root, the bench's key, strict host keys, no ~/.ssh/config."""
+    def write_inventory(self, path: Path, *, venv: Path, checkout: Path, count: int | None = None,
+                        parallel: int = 64, gpus: int = 1, capability: str = "9.0", model_path: str = "/tmp",
+                        service: str = "sglang") -> Path:
+        """gpufleet's inventory for the first `count` hosts (all by default): root, the bench's key, strict host
+        keys, no ~/.ssh/config. What it names the hosts' venv, checkout and model path becomes theirs here too."""
+        self.venv, self.checkout, self.model_path = str(venv), str(checkout), model_path
+        chosen = list(self.address.items())[:count]
         text = (f'[settings]\nknown_hosts = "{self.known_hosts}"\nparallelism = {parallel}\nconnect_timeout = 60\n'
                 f'ssh_config = "{self.work / "ssh_config"}"\n\n'
                 f'[defaults]\nuser = "root"\nport = {PORT}\nidentity_file = "{self.client_key}"\nvenv = "{venv}"\n'
                 f'sglang_checkout = "{checkout}"\nservice = "{service}"\nmodel_path = "{model_path}"\n\n'
                 f'[defaults.gpus]\ncount = {gpus}\ncompute_capability = "{capability}"\n\n')
-        text += "".join(f'[hosts.{n}]\naddress = "{a}"\n\n' for n, a in self.address.items())
+        text += "".join(f'[hosts.{n}]\naddress = "{a}"\n\n' for n, a in chosen)
         (self.work / "ssh_config").write_text("")
         path.write_text(text)
         return path
@@ -152,7 +156,7 @@ def _own_cgroup() -> Path | None:
     """A fresh cgroup v2 directory for the sshd (on a hybrid host's unified mount too), or None where the kernel or a
     container does not allow one."""
     for top in (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")):
-        if not (top / "cgroup.procs").exists() or not (top / "cpu.stat").exists() and top.name != "cgroup":
+        if not (top / "cgroup.controllers").exists():  # not a cgroup v2 mount (a hybrid host's /sys/fs/cgroup)
             continue
         cgroup = top / CGROUP_NAME
         try:
