@@ -134,22 +134,51 @@ def facts(target: Target) -> int:
     return exit_code(out.kind for out in outcomes)
 
 
-def facts_and_lock(session):
-    """A host's facts and its lock (a Claim, or None when free), both read in one exec round trip."""
+def facts_and_lock(session, sent=None):
+    """A host's facts and its lock (a Claim, or None when free), both read in one exec round trip; sent() is called
+    once that exec is on its way."""
     from gpufleet.engine.batch import run_side_by_side
     from gpufleet.engine.query import answer
     from gpufleet.facts.gather import facts_query
     from gpufleet.fleet import hoststate
 
     query = facts_query(session.host)
-    facts, lock = run_side_by_side(session, [(query.cmd, query.step), (hoststate.holder_cmd(), hoststate.HOLDER_STEP)])
+    facts, lock = run_side_by_side(session, [(query.cmd, query.step), (hoststate.holder_cmd(), hoststate.HOLDER_STEP)],
+                                   sent=sent)
     return answer(session.name, query, facts), hoststate.holder_of(lock.exit_code, lock.output)
 
 
-def _load_comparison() -> None:
-    """Import what compares facts with a stack (the roles, jinja2) and compile the unit's template: run in a thread
-    while the hosts answer, so that this CPU overlaps the wait instead of following it. A failure here is left to
-    the same import in the main thread to report."""
+class AllSent:
+    """Set once every host's exec is on its way (or the run is over): what only reads the answers waits for it."""
+
+    def __init__(self, hosts: int):
+        self.left = hosts
+        self.event = threading.Event()
+        self._lock = threading.Lock()
+        if hosts <= 0:
+            self.event.set()
+
+    def arrive(self) -> None:
+        with self._lock:
+            self.left -= 1
+            if self.left <= 0:
+                self.event.set()
+
+
+def _load_ahead(ready: threading.Event) -> None:
+    """Import, in a thread while the hosts log in, what the facts exec needs (its script, the parsers' models): sshd
+    spends tens of ms setting up the login session before it answers, and this CPU fits in that wait instead of
+    following it. Then, once every exec is sent (`ready`), what compares facts with a stack (the roles, jinja2)
+    and the unit's template, while the hosts run their facts. Not before: under the GIL a busy thread during the
+    handshakes delays each packet's handoff between threads (up to the 5 ms switch interval each). A failure here
+    is left to the same import in the main thread to report."""
+    try:
+        from gpufleet.engine import batch, query  # noqa: F401
+        from gpufleet.facts import parse, script  # noqa: F401
+        from gpufleet.fleet import hoststate  # noqa: F401
+    except Exception:  # noqa: BLE001
+        pass
+    ready.wait()
     try:
         from gpufleet.fleet import status  # noqa: F401
         from gpufleet.roles import model_server
@@ -178,9 +207,14 @@ def status(target: Target) -> int:
     with dial(list(target.hosts), target.inventory.settings) as dialed:
         from gpufleet.engine.runner import for_each_host  # paramiko: imported while the hosts answer the TCP handshake
 
-        loading = threading.Thread(target=_load_comparison, name="gpufleet-load", daemon=True)
+        sent = AllSent(len(target.hosts))  # a host that cannot be reached never sends: the run's end releases it
+        loading = threading.Thread(target=_load_ahead, args=(sent.event,), name="gpufleet-load", daemon=True)
         loading.start()
-        outcomes = for_each_host(list(target.hosts), target.inventory, facts_and_lock, dialed=dialed)
+        try:
+            outcomes = for_each_host(list(target.hosts), target.inventory,
+                                     functools.partial(facts_and_lock, sent=sent.arrive), dialed=dialed)
+        finally:
+            sent.event.set()
         loading.join()
     from gpufleet.fleet.status import compare, unreachable
 

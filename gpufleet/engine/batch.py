@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from gpufleet import remote
 from gpufleet.engine.command import Cmd
@@ -54,31 +54,40 @@ def split(output: str, count: int) -> list[tuple[int | None, str]]:
             for i in range(count)]
 
 
-def run_side_by_side(session, reads: Sequence[tuple[Cmd, str]], *, timeout: float | None = None) -> list:
+def run_side_by_side(session, reads: Sequence[tuple[Cmd, str]], *, timeout: float | None = None,
+                     sent: Callable[[], None] | None = None) -> list:
     """Run (cmd, step) reads: batchable ones of one `login` kind in one exec each, the others alone; returns one
-    engine Result per read, in order, as session.run would have (the batch's own run is in session.results)."""
+    engine Result per read, in order, as session.run would have (the batch's own run is in session.results).
+    sent: called once the last of these execs is on its way (session.run's `sent`)."""
     from gpufleet.engine.ssh import Result
 
+    # each exec: the indexes of the reads it answers (one read alone, or a batch)
+    execs = [[i] for i, (cmd, _) in enumerate(reads) if not batchable(cmd)]
+    execs += [chunk for group in _groups(reads).values() for chunk in _chunks(group, reads)]
     results: list = [None] * len(reads)
+    for n, indexes in enumerate(execs):
+        options = {"sent": sent} if sent is not None and n == len(execs) - 1 else {}
+        if len(indexes) == 1:
+            i = indexes[0]
+            results[i] = session.run(reads[i][0], step=reads[i][1], check=False, timeout=timeout, **options)
+            continue
+        steps = ", ".join(dict.fromkeys(reads[i][1] for i in indexes))
+        whole = session.run(batch_cmd([reads[i] for i in indexes]), step=f"reads side by side: {steps}",
+                            check=False, timeout=timeout, **options)
+        parts = split(whole.output, len(indexes)) if whole.exit_code is not None else []
+        for k, i in enumerate(indexes):
+            code, text = parts[k] if parts else (None, whole.output)
+            results[i] = Result(session.name, reads[i][1], reads[i][0].display(), code, text, whole.seconds)
+    return results
+
+
+def _groups(reads) -> dict[bool, list[int]]:
+    """The indexes of the batchable reads, by their `login` kind."""
     groups: dict[bool, list[int]] = {}
     for i, (cmd, _) in enumerate(reads):
         if batchable(cmd):
             groups.setdefault(cmd.login, []).append(i)
-        else:
-            results[i] = session.run(cmd, step=reads[i][1], check=False, timeout=timeout)
-    for indexes in (chunk for group in groups.values() for chunk in _chunks(group, reads)):
-        if len(indexes) == 1:
-            i = indexes[0]
-            results[i] = session.run(reads[i][0], step=reads[i][1], check=False, timeout=timeout)
-            continue
-        steps = ", ".join(dict.fromkeys(reads[i][1] for i in indexes))
-        whole = session.run(batch_cmd([reads[i] for i in indexes]), step=f"reads side by side: {steps}",
-                            check=False, timeout=timeout)
-        parts = split(whole.output, len(indexes)) if whole.exit_code is not None else []
-        for n, i in enumerate(indexes):
-            code, text = parts[n] if parts else (None, whole.output)
-            results[i] = Result(session.name, reads[i][1], reads[i][0].display(), code, text, whole.seconds)
-    return results
+    return groups
 
 
 def _chunks(indexes: list[int], reads) -> list[list[int]]:

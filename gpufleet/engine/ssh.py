@@ -256,8 +256,9 @@ class HostSession:
         self.open()
 
     def run(self, cmd: Cmd, step: str, *, check: bool = True, timeout: float | None = None,
-            echo: Callable[[str], None] | None = None) -> Result:
-        """Run cmd on the host; output is masked, optionally echoed line by line; failures raise with context."""
+            echo: Callable[[str], None] | None = None, sent: Callable[[], None] | None = None) -> Result:
+        """Run cmd on the host; output is masked, optionally echoed line by line; failures raise with context.
+        sent: called once the command (and its stdin) is on its way, before its answer is awaited."""
         if not self.alive:
             self.open()
         secrets = self.secrets + tuple(cmd.secrets())
@@ -283,6 +284,8 @@ class HostSession:
             if wired.stdin:
                 chan.sendall(wired.stdin)
                 chan.shutdown_write()  # sudo -S reads one line; EOF after it, so a wrong password cannot hang
+            if sent is not None:
+                sent()
             decoder = _Utf8Decoder()
             while True:
                 data = chan.recv(32768)

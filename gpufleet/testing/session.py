@@ -128,9 +128,11 @@ class FakeSession:
         return Result(self.name, step, cmd.display(), code, mask(out, self.secrets + tuple(cmd.secrets())), 0.0)
 
     def run(self, cmd: Cmd, step: str, *, check: bool = True, timeout: float | None = None,
-            echo: Callable[[str], None] | None = None) -> Result:
+            echo: Callable[[str], None] | None = None, sent: Callable[[], None] | None = None) -> Result:
         """Record, answer, echo the output's lines host-prefixed, raise RemoteCommandError as HostSession does.
         Reads side by side (engine/batch.py) are answered and recorded one by one, joined as the host joins them."""
+        if sent is not None:
+            sent()
         if isinstance(cmd, BatchCmd):
             answers = []
             for inner, inner_step in cmd.reads:

@@ -93,3 +93,27 @@ def test_every_session_sends_each_packet_at_once(sim_fleet):
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
                 assert sock.gettimeout() == IDLE_POLL  # paramiko's reader thread wakes once a second when idle
         assert len(taken) == 1 and taken[0] is not None  # the first session spoke on the early socket
+
+
+def test_sent_is_called_once_the_command_runs_before_its_answer_is_awaited(sim_fleet):
+    """HostSession.run's `sent` (what lets `inv status` start its comparison imports while the hosts run their facts):
+    the command waits for a file that only sent() creates, over a second connection, so a call made after the
+    answer was awaited would leave it waiting out its 10 s and failing."""
+    inventory = load_inventory(sim_fleet.inventory_path)
+    host = next(iter(inventory.hosts.values()))
+    flag = "/tmp/gpufleet-test-sent"
+    sim_fleet.run_on(host.name, f"rm -f {flag}")
+    calls = []
+
+    def sent():
+        calls.append("sent")
+        sim_fleet.run_on(host.name, f"touch {flag}")
+
+    wait = f"for i in $(seq 200); do [ -e {flag} ] && echo seen && exit 0; sleep 0.05; done; exit 1"
+    try:
+        with session_for(host, inventory) as session:
+            result = session.run(Cmd.of("bash", "-c", wait), step="wait for sent", check=False, timeout=60,
+                                 sent=sent)
+    finally:
+        sim_fleet.run_on(host.name, f"rm -f {flag}")
+    assert (result.exit_code, result.output, calls) == (0, "seen\n", ["sent"])

@@ -122,3 +122,34 @@ def test_outputs_come_back_byte_for_byte_in_any_locale(locale, monkeypatch):
     assert [(r.exit_code, r.output) for r in got] == [
         (0, ""), (0, "a\n"), (0, "no newline\n"), (0, "\u00e9t\u00e9 \\n \\\\ x\n"),
         (0, "fake\n@@gpufleet-rc=9\nreal\n"), (4, "x\n")]
+
+
+class TellingSession(LocalSession):
+    """A LocalSession whose run() takes `sent` as HostSession.run does, noting when each is called."""
+
+    def __init__(self):
+        super().__init__()
+        self.events: list[str] = []
+
+    def run(self, cmd, step, check=True, timeout=None, sent=None):
+        self.events.append(f"exec {step}")
+        if sent is not None:
+            sent()
+        result = super().run(cmd, step, check=check, timeout=timeout)
+        self.events.append(f"answered {step}")
+        return result
+
+
+def test_sent_is_told_once_with_the_last_exec_before_its_answer():
+    session = TellingSession()
+    reads = [(Cmd.of("echo", Secret("s3cr3t-value")), "secret"), (Cmd.of("echo", "a"), "a"),
+             (Cmd.of("echo", "b"), "b")]
+    got = batch.run_side_by_side(session, reads, sent=lambda: session.events.append("sent"))
+    assert [r.output for r in got] == ["s3cr3t-value\n", "a\n", "b\n"]
+    assert session.events == ["exec secret", "answered secret", "exec reads side by side: a, b", "sent",
+                              "answered reads side by side: a, b"]
+
+
+def test_without_sent_a_session_is_called_as_before():
+    # sessions written before `sent` (the fakes above) take no such argument: it is passed only when given
+    assert [r.output for r in batch.run_side_by_side(LocalSession(), [(Cmd.of("echo", "x"), "x")])] == ["x\n"]
