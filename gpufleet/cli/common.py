@@ -33,6 +33,19 @@ def command_line(task: str) -> str:
     return shlex.join([prog(), *sys.argv[1:]]) if len(sys.argv) > 1 else f"{prog()} {task}"
 
 
+def plan_memory(kind: str):
+    """Each host's last plan-time reads (engine/readahead.py's Memory) for one kind of plan: "upgrade" (one host's
+    `inv upgrade`), "survey-upgrade" and "survey-deploy-model" (a roll's read-only survey)."""
+    from gpufleet.engine import readahead
+    from gpufleet.wheels.fetch import cache_root
+
+    # a folder per kind: their roles differ (a one-host upgrade plans no model server, deploy-model's survey only
+    # the model server), and one memory for all had each kind forget what the other reads: after a one-host
+    # upgrade, the next roll's survey asked the model files, the unit's state and the build record in a round trip
+    # each, one after the other
+    return readahead.Memory(cache_root() / "reads" / kind)
+
+
 # Exit codes, the same in every task (README: "Exit codes").
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 UNREACHABLE_KINDS = ("unreachable",)  # a refused host key is a failure (1): someone must look at it

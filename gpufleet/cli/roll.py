@@ -13,7 +13,7 @@ from rich.table import Table
 from gpufleet.wheels.fetch import WheelCache
 from gpufleet.cli import downloads
 from gpufleet.cli import render
-from gpufleet.cli.common import EXIT_INTERRUPTED, exit_code
+from gpufleet.cli.common import EXIT_INTERRUPTED, exit_code, plan_memory
 from gpufleet.cli.fleetdir import fleet_dir, prog
 from gpufleet.cli.interrupts import Interrupts, raw
 from gpufleet.cli import router_roll
@@ -132,9 +132,7 @@ def _survey(target: Target, chosen, skip: set[str], unknown: set[str], run: RunI
     """Plan every host still to do read-only, side by side, and decide which are left out as they are (those a
     stopped roll left in flight are re-checked by the roll itself, never left out here)."""
     from gpufleet.config import lock
-    from gpufleet.engine import readahead
     from gpufleet.fleet.executor import Executor
-    from gpufleet.wheels.fetch import cache_root
     from gpufleet.roles import ROLES
     from gpufleet.roles.model_server import ModelServer
 
@@ -145,7 +143,7 @@ def _survey(target: Target, chosen, skip: set[str], unknown: set[str], run: RunI
     roles = [*ROLES, server] if target.task == "upgrade" else [server]
     planner = Executor(roles=roles, run=run, repo=fleet_dir(), dry_run=True, say=lambda line: None,
                        lock=target.lock, selection=target.chosen_roles if target.task == "upgrade" else None,
-                       read_memory=readahead.Memory(cache_root() / "reads"))
+                       read_memory=plan_memory(f"survey-{target.task}"))
     found = survey.survey(todo, target.inventory, planner, target.stacks, secrets=target.hidden,
                           build_keys=target.task == "upgrade", opened=opened)
     left = survey.decide(target.task, [h.name for h in todo], found, given=target.lock,

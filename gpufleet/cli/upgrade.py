@@ -11,13 +11,12 @@ from rich.table import Table
 
 from gpufleet.cli import downloads, render
 from gpufleet.fleet.executor import HostReport, Executor
-from gpufleet.cli.common import EXIT_INTERRUPTED, exit_code
+from gpufleet.cli.common import EXIT_INTERRUPTED, exit_code, plan_memory
 from gpufleet.cli.fleetdir import fleet_dir, prog
 from gpufleet.cli.interrupts import Interrupts, raw
 from gpufleet.cli.target import Target
 from gpufleet.facts.checkout import redact_url
-from gpufleet.engine import readahead
-from gpufleet.wheels.fetch import WheelCache, cache_root
+from gpufleet.wheels.fetch import WheelCache
 from gpufleet.fleet import hoststate
 from gpufleet.fleet.hoststate import RunInfo
 from gpufleet.engine.output import emit
@@ -43,7 +42,7 @@ def upgrade(target: Target, opened: Opened | None = None) -> int:
                    lock=target.lock, selection=target.chosen_roles,
                    snapshots_keep=target.inventory.settings.snapshots_keep,
                    reconnect_for=target.inventory.settings.reconnect_for,
-                   read_memory=readahead.Memory(cache_root() / "reads"))
+                   read_memory=plan_memory("upgrade"))
     stacks = target.stacks
     busy: dict[str, str] = {}  # host being changed -> the last line it said
 
