@@ -9,7 +9,10 @@ job_start() {
     local dir=$1 log=$2 rc=$3 pid=$4 unit=$5 command=$6 retry=$7
     shift 7
     # The wrapper records its own pid ($! may be setsid's, which forks and exits when it leads a process group).
-    local wrapper='[ -z "$4" ] || echo $$ > "$4"; eval "$1" >> "$2" 2>&1; rc=$?; echo $rc > "$3.tmp" && mv "$3.tmp" "$3"'
+    # A job killed by a shutdown has no exit code of its own: the wrapper writes none, as if it had died with it.
+    local wrapper='[ -z "$4" ] || echo $$ > "$4"; eval "$1" >> "$2" 2>&1; rc=$?
+        if [ $rc -gt 128 ] && [ "$(systemctl is-system-running 2>/dev/null)" = stopping ]; then exit $rc; fi
+        echo $rc > "$3.tmp" && mv "$3.tmp" "$3"'
     mkdir -p -- "$dir" || return
     st=$(job_state "$rc" "$unit" "$pid")
     case "$st" in
@@ -25,7 +28,7 @@ job_start() {
         for p in "$@"; do props+=("--property=$p"); done
         systemd-run --quiet --unit="$unit" --collect "${props[@]}" \
             --setenv=HOME="${HOME:-/root}" --setenv=PATH="$PATH" \
-            /bin/bash -c "$wrapper" job "$command" "$log" "$rc" "" || return
+            /bin/bash -c "$wrapper" job "$command" "$log" "$rc" "" || { local e=$?; outlive_shutdown; return $e; }
     else
         # No systemd (a GPU box in a container): a new session keeps it alive when SSH drops.
         setsid nohup /bin/bash -c "$wrapper" job "$command" "$log" "$rc" "$pid" < /dev/null > /dev/null 2>&1 &

@@ -21,6 +21,7 @@ job_wait() {
         fi
         if [ -n "$done" ]; then exit "$(cat -- "$rc")"; fi
         if [ "$(job_state "$rc" "$unit" "$pid")" = absent ]; then
+            outlive_shutdown
             echo "gpufleet: $unit died without an exit code"
             exit 1
         fi

@@ -231,6 +231,50 @@ def test_host_rebooted_mid_roll_is_waited_for_and_rolled_back(sim_fleet, hosts, 
     assert _on_a_stack(fleet, "gpu2") == "new" and not _locked(fleet, "gpu2")
 
 
+@pytest.mark.parametrize("hosts", [["gpu2"]], indirect=True)
+def test_a_step_started_as_the_host_shuts_down_reads_as_the_connection_lost(sim_fleet, hosts):
+    """Once a shutdown is queued systemd refuses new units ("transaction is destructive"): a step's detached job
+    started in that moment (CI caught one as the reboot above began, just after torch's pip) must end like a step
+    the reboot cut, with the connection lost, not with exit 1 as if the install itself had failed."""
+    import threading
+
+    from gpufleet.config.inventory import load_inventory
+    from gpufleet.engine import detached
+    from gpufleet.engine.command import Cmd
+    from gpufleet.engine.runner import session_for
+
+    fleet = sim_fleet
+    inventory = load_inventory(fleet.inventory_path)
+    job = detached.Job("gpufleet-step-shutdown", "/root/shutdown-job")
+    with session_for(inventory.hosts["gpu2"], inventory) as session:
+        # The shutdown ends this login's scope within milliseconds, the window CI hit. A unit that takes 8 s to stop,
+        # ordered after the scope (so stopped before it), holds the host in "stopping" with the login still open.
+        scope = session.run(Cmd.of("sh", "-c", "basename \"$(tail -n 1 /proc/self/cgroup)\""), step="scope"
+                            ).output.strip()
+        assert scope.startswith("session-") and scope.endswith(".scope"), scope
+        session.run(Cmd.of("systemd-run", "--quiet", "--unit=gfb-slow-stop", "--property=TimeoutStopSec=8",
+                           f"--property=After={scope}", "bash", "-c", "trap '' TERM; while :; do sleep 0.2; done"),
+                    step="slow stop")
+        rebooting = threading.Thread(target=fleet.reboot, args=("gpu2",))
+        rebooting.start()
+        try:
+            deadline = time.monotonic() + 15
+            while session.run(Cmd.of("systemctl", "is-system-running"), step="state", check=False
+                              ).output.strip() != "stopping":
+                assert time.monotonic() < deadline, "the host never said it was stopping"
+                time.sleep(0.05)
+            refused = session.run(Cmd.of("systemd-run", "--quiet", "true"), step="refused?", check=False)
+            result = session.run(detached.wait_cmd(job, Cmd.of("true"), poll=0.2), step="step", check=False,
+                                 timeout=120)
+        finally:
+            rebooting.join()
+    assert refused.exit_code != 0 and "destructive" in refused.output, refused.output  # the case this covers
+    assert "the host is shutting down: waiting for it to drop this connection" in result.output, result.output
+    assert result.exit_code is None, result.output
+    gone = fleet.run_on("gpu2", detached.attach_cmd(job, poll=0.2).render(), check=False)  # after the boot
+    assert gone.returncode == 1 and "ended with no exit code" in gone.stdout, gone.stdout
+
+
 @pytest.mark.parametrize("hosts", [["gpu1"]], indirect=True)
 def test_second_ctrl_c_stops_now_records_state_unknown_and_resume_converges(sim_fleet, hosts, tmp_path):
     fleet = sim_fleet

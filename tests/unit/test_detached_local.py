@@ -120,3 +120,58 @@ def test_attach_follows_a_finished_job_and_never_restarts_one_that_is_gone(tmp_p
     done = subprocess.run(["bash", "-c", detached.attach_cmd(job, poll=0.1).render()], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin"})
     assert done.returncode == 0 and "Successfully installed torch" in done.stdout
+
+
+def _shutting_down(tmp_path: Path, looks: int) -> tuple[dict, Path]:
+    """A PATH whose systemctl says the host is stopping for its first `looks` is-system-running calls (each counted
+    in a file), running after; every other systemctl call fails, as for a unit that is not active."""
+    fake, count = tmp_path / "bin", tmp_path / "looks"
+    fake.mkdir(parents=True)
+    count.write_text("")
+    (fake / "systemctl").write_text(
+        "#!/bin/sh\n[ \"$1\" = is-system-running ] || exit 3\n"
+        f"echo x >> {count}\n"
+        f"if [ $(wc -l < {count}) -le {looks} ]; then echo stopping; else echo running; fi\n")
+    (fake / "systemctl").chmod(0o755)
+    return {"PATH": f"{fake}:/usr/bin:/bin"}, count
+
+
+def test_a_job_stopped_by_a_shutdown_waits_for_the_shutdown_instead_of_failing_at_once(job, tmp_path):
+    """systemd stops the running units before it ends the SSH sessions: the wait would exit 1 as if the install had
+    failed; it waits while the host is stopping, so the caller sees the connection drop and reattaches after the
+    boot. (Here the "shutdown" ends after 5 looks and the wait then reports the vanished job.)"""
+    assert sh(detached.start_cmd(job, Cmd.of("sleep", "30"))).stdout == "started\n"
+    pid = int(Path(job.pid_file).read_text())
+    deadline = time.monotonic() + 5
+    while os.getpgid(pid) != pid and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(pid, signal.SIGKILL)
+    env, looks = _shutting_down(tmp_path, 5)
+    done = subprocess.run(["bash", "-c", detached.wait_cmd(job, Cmd.of("sleep", "30"), poll=0.2).render()],
+                          capture_output=True, text=True, env=env, timeout=30)
+    assert "the host is shutting down: waiting for it to drop this connection" in done.stdout, done.stdout
+    assert len(looks.read_text().splitlines()) == 6  # it looked until the host no longer said stopping
+    assert done.returncode == 1 and "died without an exit code" in done.stdout
+
+
+def test_a_job_killed_while_the_host_stops_leaves_no_exit_code(job, tmp_path):
+    """A signal's exit code (143) during a shutdown is the shutdown's, not the job's: no exit-code file, so the
+    attach after the boot says the job ended with none instead of reporting an install failure."""
+    env, _ = _shutting_down(tmp_path, 1000)
+    start = subprocess.run(["bash", "-c", detached.start_cmd(job, Cmd.of("bash", "-c", "kill -TERM $$")).render()],
+                           capture_output=True, text=True, env=env, timeout=30)
+    assert start.stdout == "started\n"
+    time.sleep(1)
+    assert not Path(job.rc_file).exists()
+    env, _ = _shutting_down(tmp_path / "booted", 0)
+    gone = subprocess.run(["bash", "-c", detached.attach_cmd(job, poll=0.1).render()], capture_output=True,
+                          text=True, env=env, timeout=30)
+    assert gone.returncode == 1 and "ended with no exit code" in gone.stdout
+
+
+def test_a_job_that_fails_by_a_signal_outside_a_shutdown_keeps_its_exit_code(job, tmp_path):
+    env, _ = _shutting_down(tmp_path, 0)
+    done = subprocess.run(["bash", "-c", detached.wait_cmd(job, Cmd.of("bash", "-c", "kill -TERM $$"),
+                                                           poll=0.2).render()],
+                          capture_output=True, text=True, env=env, timeout=30)
+    assert done.returncode == 143 and Path(job.rc_file).read_text() == "143\n"
