@@ -215,6 +215,31 @@ def converge(inventory: Path, env: dict) -> None:
 
 
 
+def settle(hosts, quiet: float = 0.05, most: float = 120.0) -> float:
+    """Wait until the hosts use under `quiet` of a core each over a second, at most `most` s; the seconds waited.
+    A roll ends with model servers just started on every host, and their start would be timed as the no-op's."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < most:
+        before = hosts.cpu_seconds()
+        time.sleep(1.0)
+        if before is None or hosts.cpu_seconds() - before < quiet * len(hosts.names):
+            break
+    return time.perf_counter() - t0
+
+
+def interleaved(specs: dict[str, dict], hosts, runs: int) -> dict[str, list[Sample]]:
+    """Each spec's warm-up, then the specs taken in turn each run: ratios between them then see the same load."""
+    for spec in specs.values():
+        timed(spec["argv"], hosts, spec.get("env"), spec.get("ok", (0,)))
+    samples: dict[str, list[Sample]] = {k: [] for k in specs}
+    for _ in range(runs):
+        for k, spec in specs.items():
+            samples[k].append(timed(spec["argv"], hosts, spec.get("env"), spec.get("ok", (0,))))
+    for k, v in samples.items():
+        print(f"  {k}: " + ", ".join(f"{s.wall:.2f}" for s in v) + " s", file=sys.stderr)
+    return samples
+
+
 def calibration() -> float:
     """CPU seconds of a bare `python3 -c pass` here and now: how fast this machine's CPU is under its load."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -278,12 +303,25 @@ def main() -> None:
             # the rolls' records and the locks they write: the bench's, not the checkout's
             runs = {"GPUFLEET_RUNS_DIR": str(work / "runs"), "GPUFLEET_LOCKS_DIR": str(work / "locks")}
             converge(inventory, runs)
+            waited = settle(hosts)
+            print(f"  the converged hosts went quiet in {waited:.0f} s", file=sys.stderr)
             inv = [sys.executable, "-m", "invoke", "-r", str(REPO)]
-            results["gpufleet: inv upgrade --hosts all (no-op)"] = measure(
-                "no-op upgrade", dict(argv=inv + ["upgrade", "--hosts", "all", "--inventory", str(inventory)],
-                                      env=runs), hosts, args.runs)
+            # the no-op's own `inv status`: on the same converged fleet, in turn with it
+            pair = interleaved({
+                "gpufleet: inv status --json, converged (in turn with the no-op)": specs.get(
+                    "gpufleet: inv status --json") or commands(hosts, inventory, BENCH_VENV, work)[
+                    "gpufleet: inv status --json"],
+                "gpufleet: inv upgrade --hosts all (no-op)": dict(
+                    argv=inv + ["upgrade", "--hosts", "all", "--inventory", str(inventory)], env=runs)}, hosts,
+                args.runs)
+            results.update(pair)
+            status, noop = (statistics.median(s.wall for s in v) for v in pair.values())
+            noop_line = (f"no-op `inv upgrade --hosts all` / `inv status`, both on the converged fleet: "
+                         f"{noop / status:.2f}")
         floor = next((k for k in results if "floor" in k), next(iter(results)))
         print(table(results, len(hosts.names), floor))
+        if args.upgrade:
+            print(f"\n{noop_line}")
         print(f"\n(conditions: {os.cpu_count()} control cores shared, load average {os.getloadavg()[0]:.1f} at the "
               f"end; {where}; a bare `python3 -c pass` costs {calibration():.3f} s CPU here)")
     finally:
