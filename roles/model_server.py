@@ -6,6 +6,7 @@ import difflib
 import functools
 import hashlib
 import json
+import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from gpufleet.engine.command import Cmd, Secret
 from gpufleet.engine.query import Query
 from gpufleet.facts.script import unit_name
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
+from gpufleet.wheels.fetch import cache_root
 
 name = "model-server"
 UNIT_DIR = "/etc/systemd/system"
@@ -35,15 +37,20 @@ STACK_CHANGES = frozenset({"venv", "checkout", "kernel"})
 _TEMPLATE_LOCK = threading.Lock()
 
 
+TEMPLATES = Path(__file__).parent / "templates"
+UNIT_TEMPLATE = "sglang.service.j2"
+# how the template's whitespace is read: part of what decides the rendered text, so part of the memo's key
+_TEMPLATE_OPTIONS = {"trim_blocks": True, "lstrip_blocks": True, "keep_trailing_newline": True, "autoescape": False}
+
+
 @functools.cache
 def _templates():
     """The unit's template environment, made when a unit is first rendered (jinja2 costs ~30 ms to import, which an
     `inv status` that renders nothing need not pay)."""
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                              keep_trailing_newline=True, autoescape=False)
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                              **_TEMPLATE_OPTIONS)
 
 
 def unit_template():
@@ -51,7 +58,7 @@ def unit_template():
     # one at a time: hosts planned side by side would each make an environment and compile the template (~1 ms of
     # the control node's CPU a host); the first makes them, the others find them in the caches
     with _TEMPLATE_LOCK:
-        return _templates().get_template("sglang.service.j2")
+        return _templates().get_template(UNIT_TEMPLATE)
 
 
 _SAFE_WORD = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
@@ -146,13 +153,59 @@ def environment(host, stack, python_version: str) -> dict[str, str]:
     return env
 
 
+def _unit_values(host, stack, python_version: str) -> dict:
+    """What the unit's template is rendered with."""
+    env = environment(host, stack, python_version)
+    return dict(model=stack.model.name, service=host.service, env_file=env_path(host), timeout_start=TIMEOUT_START,
+                environment=[sd_quote(f"{k}={v}", expand=False) for k, v in env.items()],
+                exec_lines=[" ".join(sd_quote(w) for w in group) for group in _exec_start(exec_groups(host, stack))])
+
+
 def render_unit(host, stack, python_version: str) -> str:
     """The unit file's text (python_version: the venv's, e.g. "3.12")."""
-    env = environment(host, stack, python_version)
-    return unit_template().render(
-        model=stack.model.name, service=host.service, env_file=env_path(host), timeout_start=TIMEOUT_START,
-        environment=[sd_quote(f"{k}={v}", expand=False) for k, v in env.items()],
-        exec_lines=[" ".join(sd_quote(w) for w in group) for group in _exec_start(exec_groups(host, stack))])
+    return unit_template().render(**_unit_values(host, stack, python_version))
+
+
+def unit_sha256(host, stack, python_version: str) -> str:
+    """The sha256 of render_unit's text, remembered on the control node under what decides it (the template's
+    bytes, its options, the jinja2 installed, the values rendered): `inv status` compares every host's unit with it
+    and, once it has seen these values, neither imports jinja2 nor renders."""
+    values = _unit_values(host, stack, python_version)
+    key = hashlib.sha256(json.dumps({"template": (TEMPLATES / UNIT_TEMPLATE).read_bytes().decode(),
+                                     "options": _TEMPLATE_OPTIONS, "jinja2": _jinja2_stamp(), "values": values},
+                                    sort_keys=True).encode()).hexdigest()
+    memo = _unit_memo_dir() / key
+    try:
+        known = memo.read_text()
+    except (OSError, UnicodeDecodeError):
+        known = ""
+    if re.fullmatch(r"[0-9a-f]{64}", known):
+        return known
+    digest = sha256(unit_template().render(**values))
+    try:  # a control node whose cache cannot be written renders every time
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        part = memo.with_name(f".{key}.{os.getpid()}.{threading.get_ident()}")
+        part.write_text(digest)
+        os.replace(part, memo)
+    except OSError:
+        pass
+    return digest
+
+
+def _unit_memo_dir() -> Path:
+    return cache_root() / "units"
+
+
+def _jinja2_stamp() -> list:
+    """Which jinja2 would render (its package's path, size and change time), found without importing it: another
+    jinja2 installed could render the same template otherwise."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("jinja2")
+    if spec is None or not spec.origin:
+        return []
+    info = os.stat(spec.origin)
+    return [spec.origin, info.st_size, info.st_mtime_ns]
 
 
 def _exec_start(groups: list[tuple[str, ...]]) -> list[tuple[str, ...]]:

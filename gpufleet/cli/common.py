@@ -194,9 +194,6 @@ def _load_ahead(ready: threading.Event) -> None:
     ready.wait()
     try:
         from gpufleet.fleet import status  # noqa: F401
-        from gpufleet.roles import model_server
-
-        model_server.unit_template()
     except Exception:  # noqa: BLE001
         pass
 
@@ -211,13 +208,15 @@ def held_lock(claim) -> dict | None:
     return {"holder": claim.described, "state": state, "why": why}
 
 
-def status(target: Target) -> int:
+def status(target: Target, opened=None) -> int:
     """`inv status`: each selected host against its stack (overrides resolved before any connection), and the
-    holder of each host lock that is held."""
+    holder of each host lock that is held. opened: sessions begun before the validation (cli/early.py), taken
+    instead of dialling those hosts."""
     from gpufleet.engine.dial import dial
 
     stacks = target.stacks
-    with dial(list(target.hosts), target.inventory.settings) as dialed:
+    begun = opened.names() if opened is not None else set()
+    with dial([h for h in target.hosts if h.name not in begun], target.inventory.settings) as dialed:
         from gpufleet.engine.runner import for_each_host  # paramiko: imported while the hosts answer the TCP handshake
 
         sent = AllSent(len(target.hosts))  # a host that cannot be reached never sends: the run's end releases it
@@ -225,7 +224,8 @@ def status(target: Target) -> int:
         loading.start()
         try:
             outcomes = for_each_host(list(target.hosts), target.inventory,
-                                     functools.partial(facts_and_lock, sent=sent.arrive), dialed=dialed)
+                                     functools.partial(facts_and_lock, sent=sent.arrive), dialed=dialed,
+                                     opened=opened)
         finally:
             sent.event.set()
         loading.join()

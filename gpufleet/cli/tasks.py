@@ -3,7 +3,6 @@
 from invoke import Collection, Exit, task
 
 from gpufleet.cli import common as cli
-from gpufleet.cli.target import RollOptions, resolve, role_selection
 
 _ROLL = {
     "canary": "with several hosts: the host to upgrade first, alone (default: the first selected)",
@@ -44,8 +43,24 @@ def fleet_task(**kwargs):
     return task(auto_shortflags=False, **kwargs)
 
 
+def resolve(task: str, **options):
+    """gpufleet.cli.target's resolve, imported when a task runs: it brings pydantic and the config models (~0.1 s),
+    which `inv status` loads while its logins are under way (cli/early.py)."""
+    from gpufleet.cli.target import resolve as resolved
+
+    return resolved(task, **options)
+
+
+def role_selection(only, skip, force):
+    from gpufleet.cli.target import role_selection as selected
+
+    return selected(only, skip, force)
+
+
 def _roll(canary, batch, max_fail, resume, no_rollback, drain_timeout=None, on_drain_timeout=None,
-          no_speed_gate=False) -> RollOptions:
+          no_speed_gate=False):
+    from gpufleet.cli.target import RollOptions
+
     return RollOptions(canary=canary, batch=batch, max_fail=max_fail, resume=resume, no_rollback=no_rollback,
                        drain_timeout=drain_timeout, on_drain_timeout=on_drain_timeout, no_speed_gate=no_speed_gate)
 
@@ -71,15 +86,22 @@ def status(c, host=None, hosts=None, inventory=None, stack=None, json=False, acc
            parallel=None):
     """Compare each host with stack.toml (or a fleet lock): one row per host, drift highlighted; exit 1 on drift or
     unreachable."""
-    target = resolve("status", inventory=inventory, stack=stack, host=host, hosts=hosts, all_by_default=True,
-                     json=json, accept_new_host_keys=accept_new_host_keys, lock=lock, per_host_stacks=not lock,
-                     parallel=parallel)
     if lock:
         from gpufleet.cli import lock_status as lock_cmd
 
-        _exit(lock_cmd.lock_status(target))
-    else:
-        _exit(cli.status(target))
+        _exit(lock_cmd.lock_status(resolve("status", inventory=inventory, stack=stack, host=host, hosts=hosts,
+                                           all_by_default=True, json=json, accept_new_host_keys=accept_new_host_keys,
+                                           lock=lock, per_host_stacks=False, parallel=parallel)))
+        return
+    from gpufleet.cli import early
+
+    with early.begin("status", inventory=inventory,
+                     flags=_login_flags(host, hosts, accept_new_host_keys, parallel)) as logins:
+        target = resolve("status", inventory=inventory, stack=stack, host=host, hosts=hosts, all_by_default=True,
+                         json=json, accept_new_host_keys=accept_new_host_keys, per_host_stacks=True,
+                         parallel=parallel)
+        code = cli.status(target, opened=logins.confirm(target.hosts, target.inventory.settings))
+    _exit(code)
 
 
 @fleet_task(help={**_COMMON,
@@ -111,17 +133,28 @@ def upgrade(c, host=None, hosts=None, inventory=None, stack=None, json=False, ac
     deployed and proven healthy, or rolled back; the roll stops past --max-fail. The canary's proven stack is
     recorded as a fleet lock (locks/) and every later host installs exactly that set. --only/--skip run part of
     the stack (then no lock is recorded)."""
-    target = resolve("upgrade", inventory=inventory, stack=stack, host=host, hosts=hosts, json=json,
-                     accept_new_host_keys=accept_new_host_keys, dry_run=dry_run, lock=lock,
-                     hf_token_file=hf_token_file, roll=_roll(canary, batch, max_fail, resume, no_rollback,
-                                                             drain_timeout, on_drain_timeout, no_speed_gate),
-                     parallel=parallel, chosen_roles=role_selection(only, skip, force))
-    with _opened_ahead(target) as opened:
-        from gpufleet.cli import roll as roll_cmd  # the roles and the roll: imported while the hosts answer
-        from gpufleet.cli import upgrade as upgrade_cmd
+    from gpufleet.cli import early
 
-        code = roll_cmd.roll(target, opened=opened) if target.rolls else upgrade_cmd.upgrade(target, opened=opened)
+    # a resumed roll surveys only the hosts it has left: those log in once it knows them
+    with early.begin("upgrade", inventory=inventory, flags=_login_flags(host, hosts, accept_new_host_keys, parallel),
+                     skip=resume) as logins:
+        target = resolve("upgrade", inventory=inventory, stack=stack, host=host, hosts=hosts, json=json,
+                         accept_new_host_keys=accept_new_host_keys, dry_run=dry_run, lock=lock,
+                         hf_token_file=hf_token_file, roll=_roll(canary, batch, max_fail, resume, no_rollback,
+                                                                 drain_timeout, on_drain_timeout, no_speed_gate),
+                         parallel=parallel, chosen_roles=role_selection(only, skip, force))
+        begun = logins.confirm(target.hosts, target.inventory.settings)
+        with begun or _opened_ahead(target) as opened:
+            from gpufleet.cli import roll as roll_cmd  # the roles and the roll: imported while the hosts answer
+            from gpufleet.cli import upgrade as upgrade_cmd
+
+            code = roll_cmd.roll(target, opened=opened) if target.rolls else upgrade_cmd.upgrade(target, opened=opened)
     _exit(code)
+
+
+def _login_flags(host, hosts, accept_new_host_keys, parallel) -> dict:
+    """The flags that decide which hosts a task logs in to and how: part of the key of its remembered logins."""
+    return {"host": host, "hosts": hosts, "accept_new_host_keys": accept_new_host_keys, "parallel": parallel}
 
 
 def _opened_ahead(target, secrets: tuple[str, ...] = ()):

@@ -69,15 +69,23 @@ class Opened:
     """Sessions opened ahead of the work that runs on them (while the control node still imports and plans what that
     work is), each taken once by for_each_host; the ones never taken are closed when the run leaves them."""
 
-    def __init__(self, openings: dict[str, _Opening], secrets: tuple[str, ...]):
+    def __init__(self, openings: dict[str, _Opening], secrets: tuple[str, ...], *, adopted: bool = False):
         self._openings = openings
         self.secrets = secrets
+        # opened from views of the hosts (cli/early.py): whoever takes one gives it the run's host, settings and
+        # secrets, which the login did not need
+        self.adopted = adopted
         self._lock = threading.Lock()
+
+    def names(self) -> set[str]:
+        """The hosts still waiting to be taken."""
+        with self._lock:
+            return set(self._openings)
 
     def take(self, name: str, secrets: tuple[str, ...]) -> _Opening | None:
         """This host's opening (wait on its `done`), or None when it was not opened ahead with these secrets."""
         with self._lock:
-            opening = self._openings.pop(name, None) if secrets == self.secrets else None
+            opening = self._openings.pop(name, None) if secrets == self.secrets or self.adopted else None
         return opening
 
     def close(self) -> None:
@@ -97,14 +105,16 @@ class Opened:
         self.close()
 
 
-def open_ahead(hosts: list, inventory, secrets: tuple[str, ...] = (), parallelism: int | None = None) -> Opened:
+def open_ahead(hosts: list, inventory, secrets: tuple[str, ...] = (), parallelism: int | None = None,
+               dialed: Dialed | None = None, adopted: bool = False) -> Opened:
     """Start opening the sessions of the hosts a for_each_host's first wave takes (as many as its parallelism), each
-    in a daemon thread: the SSH handshakes and logins wait on the hosts while this process goes on."""
+    in a daemon thread: the SSH handshakes and logins wait on the hosts while this process goes on. dialed: their
+    TCP connections, opened before paramiko was imported (engine.dial.dial)."""
     limit = max(1, parallelism or inventory.settings.parallelism)
-    openings = {host.name: _Opening(session_for(host, inventory, secrets)) for host in hosts[:limit]}
+    openings = {host.name: _Opening(session_for(host, inventory, secrets, dialed)) for host in hosts[:limit]}
     for name, opening in openings.items():
         threading.Thread(target=opening.open, name=f"gpufleet-open-{name}", daemon=True).start()
-    return Opened(openings, tuple(secrets))
+    return Opened(openings, tuple(secrets), adopted=adopted)
 
 
 def for_each_host(hosts: list, inventory, work: Callable[[HostSession], Any], *,
@@ -123,6 +133,8 @@ def for_each_host(hosts: list, inventory, work: Callable[[HostSession], Any], *,
                 ahead.done.wait()
                 if ahead.error is not None:
                     raise ahead.error
+                if opened.adopted:
+                    session.adopt(host, inventory.settings, tuple(secrets))
             with session:
                 return HostOutcome(host.name, value=work(session))
         except HostKeyError as exc:

@@ -140,6 +140,13 @@ class HostSession:
     def name(self) -> str:
         return self.host.name
 
+    def adopt(self, host, settings, secrets: tuple[str, ...]) -> None:
+        """Take the run's own host, settings and secrets after logging in with a view of them (cli/early.py: the
+        same login values, validated since, for a host without sudo, whose login needs nothing else)."""
+        if getattr(host, "become", False) or self.become is not None:
+            raise ValueError(f"host {host.name}: a session logged in from a view cannot take sudo")
+        self.host, self.settings, self.secrets = host, settings, tuple(secrets)
+
     def _config(self) -> Config:
         ssh_config = getattr(self.settings, "ssh_config", None)
         if ssh_config:

@@ -80,7 +80,7 @@ def _wanted_unit_sha256(facts, host, stack) -> str | None:
         version = model_server.python_minor(facts.python_version, host.name)
     except GpufleetError:
         return None
-    return model_server.sha256(model_server.render_unit(host, stack, version))
+    return model_server.unit_sha256(host, stack, version)
 
 
 def compare(host, stack, facts) -> HostStatus:

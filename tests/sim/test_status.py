@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.sim.helpers import inv, inv_json, write_inventory
@@ -210,3 +212,33 @@ def test_the_connection_opened_before_paramiko_is_the_one_it_logs_in_on(sim_flee
 
         outcomes = for_each_host(hosts, inv_, work, dialed=dialed)
     assert [o.value for o in outcomes] == [(dialled["gpu1"], True), (dialled["gpu2"], True)], outcomes
+
+
+def accepted_logins(fleet, name: str) -> int:
+    """Logins sshd has accepted on a host so far, this count's own included."""
+    out = fleet.run_on(name, "journalctl -b -o cat _COMM=sshd _COMM=sshd-session | grep -c '^Accepted publickey' "
+                             "|| true").stdout
+    return int(out.strip() or 0)
+
+
+def test_status_logs_in_from_the_last_validated_view_and_never_to_a_host_left_out_since(sim_fleet, tmp_path):
+    """cli/early.py: a second `inv status` over the same inventory bytes logs in while it validates, with the same
+    answers; after an edit that leaves gpu2 out, nothing logs in to gpu2 (its old view is not used)."""
+    cache = {"GPUFLEET_CACHE_DIR": str(tmp_path / "cache")}
+    path = write_inventory(sim_fleet, tmp_path / "hosts.toml", ["gpu1", "gpu2"])
+    first, rows = inv_json("status", "--inventory", str(path), env=cache)
+    memo = list((tmp_path / "cache" / "logins").iterdir())
+    assert len(memo) == 1 and [h["name"] for h in json.loads(memo[0].read_text())["hosts"]] == ["gpu1", "gpu2"]
+    before = accepted_logins(sim_fleet, "gpu2")
+    second, again = inv_json("status", "--inventory", str(path), env=cache)
+    assert (first.returncode, second.returncode) == (1, 1), second.stderr
+    def seen(r):
+        return r["host"], r["reachable"], r["cells"]["torch"], r["cells"]["sglang"], r["cells"]["service"]
+
+    assert [seen(r) for r in again] == [seen(r) for r in rows] and all(r["reachable"] for r in again)
+    assert accepted_logins(sim_fleet, "gpu2") == before + 2  # the second status's, and this count's
+    write_inventory(sim_fleet, path, ["gpu1"])  # gpu2 leaves the fleet
+    before = accepted_logins(sim_fleet, "gpu2")
+    third, rows = inv_json("status", "--inventory", str(path), env=cache)
+    assert [r["host"] for r in rows] == ["gpu1"] and third.returncode == 1, third.stderr
+    assert accepted_logins(sim_fleet, "gpu2") == before + 1  # this count's alone
