@@ -382,10 +382,11 @@ class ModelServer:
         if ctx.facts.unit is not None and not ctx.facts.unit.systemd:
             raise PlanError(host.name, name, "systemd is not running on the host (the server runs as a systemd unit)")
         state = query.read(ctx, state_query(host))
-        rendered = render_unit(host, ctx.stack, python_minor(ctx.facts.python_version, host.name))
-        unit_changed = state.unit != rendered
+        version = python_minor(ctx.facts.python_version, host.name)
+        # the host's unit against the remembered sha256 first: a converged host's plan renders nothing (no jinja2)
+        unit_changed = state.unit is None or sha256(state.unit) != unit_sha256(host, ctx.stack, version)
         if unit_changed:
-            items.append(self._unit_step(ctx, state, rendered))
+            items.append(self._unit_step(ctx, state, render_unit(host, ctx.stack, version)))
         else:
             items.append(Unchanged(name, f"{unit_path(host)} is up to date"))
         env_changed = False

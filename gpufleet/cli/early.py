@@ -7,7 +7,8 @@ sessions at once, from the remembered values; once its own validation is done, i
 view is the remembered one, and otherwise closes them and logs in as any run does. Nothing runs on a host before the
 validation: a login changes nothing there, and an inventory that changed (a host removed, an address edited) is never
 logged into from what an older one said. Hosts behind a jump host or logging in to sudo (`become`) are left to the
-regular path: their sessions need the validated inventory itself.
+regular path: their sessions need the validated inventory itself; so is every host while new host keys are accepted
+(a login would record them).
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ class EarlyLogins:
         """Dial, import paramiko while the TCP handshakes go, and start each login in a thread of its own."""
         data = self.remembered
         settings = _SettingsView(data["settings"], data["settings_given"])
+        if settings.accept_new_host_keys:
+            return  # a login would record new host keys before the run is known to be valid: after it, then
         hosts = [_HostView(h) for h in data["hosts"] if not h["jump"] and not h["become"]]
         from gpufleet.engine.dial import dial
 

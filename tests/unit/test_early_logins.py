@@ -207,3 +207,9 @@ def test_a_session_logged_in_from_a_view_refuses_a_sudo_host():
     session = HostSession(SimpleNamespace(name="gpu1", become=False), SimpleNamespace())
     with pytest.raises(ValueError, match="gpu1"):
         session.adopt(SimpleNamespace(name="gpu1", become=True, become_user="root"), SimpleNamespace(), ())
+
+
+def test_no_login_begins_while_new_host_keys_are_accepted(started, tmp_path):
+    path = write(tmp_path, INVENTORY.replace("parallelism = 4\n", "parallelism = 4\naccept_new_host_keys = true\n"))
+    validated_run(path)
+    assert validated_run(path) is None and started == []  # a login would record keys before the run is valid

@@ -356,3 +356,18 @@ def test_state_probe_reads_files(tmp_path):
     state = ms.parse_state(_sh(cmd).stdout)
     assert state.unit == "[Unit]\nDescription=x" and state.env_mode == "600" and state.env_sha == ms.sha256("A=1\n")
     assert state.record is None and state.kernel_sha is None
+
+
+def test_a_converged_hosts_plan_renders_no_unit_once_its_sha256_is_remembered(monkeypatch, tmp_path):
+    monkeypatch.setenv("GPUFLEET_CACHE_DIR", str(tmp_path))
+    probe, ctx = converged()
+    ms.unit_sha256(ctx.host, ctx.stack, "3.12")  # what an earlier status or plan remembered
+
+    def no_render():
+        raise AssertionError("rendered a unit the host already has")
+
+    monkeypatch.setattr(ms, "unit_template", no_render)
+    assert steps(ms.ModelServer().plan(ctx)) == []
+    probe.unit = probe.unit.replace("RestartSec=10", "RestartSec=20")  # edited on the host: rendered for the diff
+    with pytest.raises(AssertionError, match="rendered a unit"):
+        ms.ModelServer().plan(ctx)
