@@ -61,16 +61,20 @@ def watch(mark: Marks) -> None:
 
     class Imports(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name in WATCHED:
-                mark(f"import {name}")
-            if name not in patchers:
+            if name not in patchers and name not in WATCHED:
                 return None
             spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or not hasattr(spec.loader, "exec_module"):
+                return spec
             real_exec = spec.loader.exec_module
 
             def exec_module(module):
+                # marked as the module runs: importlib.util.find_spec (a lookup that imports nothing) asks too
+                if name in WATCHED:
+                    mark(f"import {name}")
                 real_exec(module)
-                patchers[name](module, mark)
+                if name in patchers:
+                    patchers[name](module, mark)
 
             spec.loader.exec_module = exec_module
             return spec
