@@ -97,7 +97,7 @@ class EarlyLogins:
         if found == self.remembered and self.opened is not None:
             return self.opened
         self.close()
-        if self.key is not None:
+        if self.key is not None and found != self.remembered:
             self._remember(found)
         return None
 
