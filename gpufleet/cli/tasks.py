@@ -3,6 +3,9 @@
 from invoke import Collection, Exit, task
 
 from gpufleet.cli import common as cli
+from gpufleet.cli import exit_without_collecting
+
+exit_without_collecting()
 
 _ROLL = {
     "canary": "with several hosts: the host to upgrade first, alone (default: the first selected)",

@@ -213,3 +213,13 @@ def test_no_login_begins_while_new_host_keys_are_accepted(started, tmp_path):
     path = write(tmp_path, INVENTORY.replace("parallelism = 4\n", "parallelism = 4\naccept_new_host_keys = true\n"))
     validated_run(path)
     assert validated_run(path) is None and started == []  # a login would record keys before the run is valid
+
+
+def test_the_command_line_freezes_the_heap_at_exit_instead_of_collecting_it():
+    import subprocess
+    import sys
+
+    script = ("import atexit, gc\nimport gpufleet.cli.tasks\nassert gc.get_freeze_count() == 0\n"
+              "atexit._run_exitfuncs()\nprint(gc.get_freeze_count() > 0)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
