@@ -223,3 +223,14 @@ def test_the_command_line_freezes_the_heap_at_exit_instead_of_collecting_it():
               "atexit._run_exitfuncs()\nprint(gc.get_freeze_count() > 0)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"
+
+
+def test_a_run_whose_validation_fails_closes_the_logins_it_began(started, tmp_path):
+    from gpufleet.errors import ConfigError
+
+    path = write(tmp_path)
+    validated_run(path)
+    with pytest.raises(ConfigError):
+        with early.begin("status", inventory=str(path), flags={}):
+            raise ConfigError(str(tmp_path / "stack.toml"), "a bad stack: no exec may follow")
+    assert len(started) == 1 and started[0].closed
