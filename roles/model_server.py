@@ -21,7 +21,7 @@ from gpufleet.engine.command import Cmd, Secret
 from gpufleet.engine.query import Query
 from gpufleet.facts.script import unit_name
 from gpufleet.plan import PlanContext, PlanError, Step, Unchanged
-from gpufleet.wheels.fetch import cache_root
+from gpufleet.cachedir import cache_root, keep_memo
 
 name = "model-server"
 UNIT_DIR = "/etc/systemd/system"
@@ -171,9 +171,7 @@ def unit_sha256(host, stack, python_version: str) -> str:
     bytes, its options, the jinja2 installed, the values rendered): `inv status` compares every host's unit with it
     and, once it has seen these values, neither imports jinja2 nor renders."""
     values = _unit_values(host, stack, python_version)
-    key = hashlib.sha256(json.dumps({"template": (TEMPLATES / UNIT_TEMPLATE).read_bytes().decode(),
-                                     "options": _TEMPLATE_OPTIONS, "jinja2": _jinja2_stamp(), "values": values},
-                                    sort_keys=True).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps({**_renderer(TEMPLATES), "values": values}, sort_keys=True).encode()).hexdigest()
     memo = _unit_memo_dir() / key
     try:
         known = memo.read_text()
@@ -182,14 +180,16 @@ def unit_sha256(host, stack, python_version: str) -> str:
     if re.fullmatch(r"[0-9a-f]{64}", known):
         return known
     digest = sha256(unit_template().render(**values))
-    try:  # a control node whose cache cannot be written renders every time
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        part = memo.with_name(f".{key}.{os.getpid()}.{threading.get_ident()}")
-        part.write_text(digest)
-        os.replace(part, memo)
-    except OSError:
-        pass
+    keep_memo(memo, digest)  # a control node whose cache cannot be written renders every time
     return digest
+
+
+@functools.cache
+def _renderer(templates: Path) -> dict:
+    """What besides the values decides the rendered unit: the template's text, its options, the jinja2 installed;
+    read once a process (a status asks for every host)."""
+    return {"template": (templates / UNIT_TEMPLATE).read_bytes().decode(), "options": _TEMPLATE_OPTIONS,
+            "jinja2": _jinja2_stamp()}
 
 
 def _unit_memo_dir() -> Path:

@@ -37,7 +37,7 @@ def plan_memory(kind: str):
     """Each host's last plan-time reads (engine/readahead.py's Memory) for one kind of plan: "upgrade" (one host's
     `inv upgrade`), "survey-upgrade" and "survey-deploy-model" (a roll's read-only survey)."""
     from gpufleet.engine import readahead
-    from gpufleet.wheels.fetch import cache_root
+    from gpufleet.cachedir import cache_root
 
     # a folder per kind: their roles differ (a one-host upgrade plans no model server, deploy-model's survey only
     # the model server), and one memory for all had each kind forget what the other reads: after a one-host

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
+from gpufleet.cachedir import cache_root, keep_memo
 from gpufleet.cli.common import inventory_path
 from gpufleet.errors import GpufleetError
 
@@ -26,8 +26,7 @@ FORMAT = 1  # the remembered record's shape
 
 def memo_dir() -> Path:
     """Where the remembered views live: beside the plan memory, under the control node's cache."""
-    root = os.environ.get("GPUFLEET_CACHE_DIR") or Path.home() / ".cache" / "gpufleet"
-    return Path(root) / "logins"
+    return cache_root() / "logins"
 
 
 def host_view(host) -> dict:
@@ -102,14 +101,8 @@ class EarlyLogins:
         return None
 
     def _remember(self, found: dict) -> None:
-        path = memo_dir() / self.key
-        try:  # a control node whose cache cannot be written logs in after the validation every time
-            path.parent.mkdir(parents=True, exist_ok=True)
-            part = path.with_name(f".{self.key}.{os.getpid()}")
-            part.write_text(json.dumps({**found, "inventory_sha256": self.inventory_sha256}))
-            os.replace(part, path)
-        except OSError:
-            pass
+        # a control node whose cache cannot be written logs in after the validation every time
+        keep_memo(memo_dir() / self.key, json.dumps({**found, "inventory_sha256": self.inventory_sha256}))
 
     def close(self) -> None:
         """Close what was begun and not taken (never waits for a login still under way)."""

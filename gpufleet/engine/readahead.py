@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from gpufleet.cachedir import keep_memo
 from gpufleet.engine import batch
 from gpufleet.engine.command import Cmd
 
@@ -155,11 +156,4 @@ class Memory:
             return []  # none yet, or unreadable: the plan gathers its reads as it goes
 
     def keep(self, host, reads: list[tuple[Cmd, str]]) -> None:
-        try:
-            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = self._path(host).with_suffix(".tmp")
-            tmp.write_text(json.dumps(to_json(reads)))
-            tmp.chmod(0o600)
-            tmp.replace(self._path(host))
-        except OSError:
-            pass  # a guess for next time, never needed
+        keep_memo(self._path(host), json.dumps(to_json(reads)))

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpufleet.engine.detached import BUILDS_DIR
-from gpufleet.wheels.fetch import cache_root
+from gpufleet.cachedir import cache_root
 
 
 

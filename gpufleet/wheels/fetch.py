@@ -10,6 +10,7 @@ from urllib.parse import unquote, urlsplit
 
 from gpufleet.kernel import sources
 from gpufleet.wheels import download
+from gpufleet.cachedir import cache_root
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.checkout import redact_url
 
@@ -18,11 +19,6 @@ CHUNK = 1 << 20
 
 class FetchError(GpufleetError):
     """A pinned wheel could not be fetched, or its sha256 is not the pinned one."""
-
-
-def cache_root() -> Path:
-    """The control node's cache of downloaded and built wheels ($GPUFLEET_CACHE_DIR, else ~/.cache/gpufleet)."""
-    return Path(os.environ.get("GPUFLEET_CACHE_DIR") or Path.home() / ".cache" / "gpufleet")
 
 
 def default_cache_dir() -> Path:

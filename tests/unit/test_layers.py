@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Lowest first. A module may import its own layer and any layer below it.
 LAYERS = [
     ("gpufleet.remote",),  # scripts shipped to hosts: standard library only
-    ("gpufleet.errors",),
+    ("gpufleet.errors", "gpufleet.cachedir"),  # the control node's cache folder and its memos: standard library only
     ("gpufleet.config",),
     ("gpufleet.engine",),
     ("gpufleet.facts",),
